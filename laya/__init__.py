@@ -1,0 +1,42 @@
+"""laya: a runtime for encoder-based System One decision models.
+
+    import laya
+    model = laya.load("path/to/checkpoint")             # or "laya-multilingual", or "owner/repo"
+    model.predict("I was charged twice", {"team": {"type": "choice", "instructions": "Route it",
+                                                   "criteria": {"billing": None, "sales": None}}})
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from laya.errors import CheckpointError, LayaError, QuestionError, RuntimeUnavailable
+from laya.model import Model
+
+__version__ = "0.1.0"
+__all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUnavailable", "load"]
+
+
+def load(
+    model: str | os.PathLike,
+    runtime: str = "torch",
+    *,
+    revision: str | None = None,
+    subfolder: str | None = None,
+    sha256: str | Mapping[str, str] | None = None,
+    name: str | None = None,
+    **runtime_options: Any,
+) -> Model:
+    """Load a laya checkpoint and put it on `runtime`.
+
+    `model` is a local folder, a registered name (pinned revision and weights digest) or a Hub id
+    (`subfolder`, `revision` optional). `sha256` is the weights' digest, or a map of relative paths
+    to digests, checked before anything is parsed.
+    """
+    from laya.loading import load_model_checkpoint
+    from laya.runtimes import create_runtime
+
+    checkpoint, default_name = load_model_checkpoint(model, revision=revision, subfolder=subfolder, sha256=sha256)
+    return Model(checkpoint, create_runtime(runtime, checkpoint, **runtime_options), name=name or default_name)

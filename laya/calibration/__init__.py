@@ -1,0 +1,1 @@
+"""Temperatures by bucket, confidence figures and (later) fitting and abstention."""

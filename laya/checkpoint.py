@@ -1,0 +1,166 @@
+"""Finding, verifying and strictly loading a laya checkpoint.
+
+A checkpoint is a folder (local, or a Hub snapshot) with `rl_agent_config.json`,
+`model.safetensors`, `encoder/config.json` and `tokenizer/`. Loading is all-or-nothing: every
+file, name and shape is checked before any runtime sees the weights, and a mismatch raises a
+`CheckpointError` naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from laya.config import AgentConfig, EncoderConfig, read_json
+from laya.encoder.tokenizer import Tokenizer
+from laya.errors import CheckpointError
+from laya.heads.layout import checkpoint_tensors
+
+CONFIG_FILE = "rl_agent_config.json"
+WEIGHTS_FILE = "model.safetensors"
+ENCODER_CONFIG = "encoder/config.json"
+TOKENIZER_DIR = "tokenizer"
+HUB_PATTERNS = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer/*", "encoder/*")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_digests(folder: Path, expected: Mapping[str, str]) -> None:
+    """Refuse the folder unless each named file has the expected sha256 (checked before parsing)."""
+    for rel, want in expected.items():
+        path = folder / rel
+        if not path.is_file():
+            raise CheckpointError(f"{path}: file not found (a sha256 was given for it)")
+        got = sha256_of(path)
+        if got.lower() != want.lower():
+            raise CheckpointError(f"{path}: sha256 {got} does not match the expected {want.lower()}")
+
+
+def download(repo: str, *, revision: str | None = None, subfolder: str | None = None) -> Path:
+    """A Hub snapshot with only the checkpoint's four file patterns (cache and offline mode honoured)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError as exc:  # pragma: no cover - huggingface_hub is a core dependency
+        raise CheckpointError("huggingface_hub is needed to load a checkpoint from the Hub") from exc
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    try:
+        snapshot = snapshot_download(
+            repo,
+            revision=revision,
+            allow_patterns=[prefix + p for p in HUB_PATTERNS],
+            token=os.environ.get("HF_TOKEN") or None,
+        )
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"{repo}{'@' + revision if revision else ''}: not in the local Hugging Face cache and the Hub "
+            "cannot be reached (offline mode or no network)"
+        ) from exc
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{repo}: cannot download from the Hub ({exc})") from exc
+    folder = Path(snapshot) / prefix if prefix else Path(snapshot)
+    if not folder.is_dir():
+        raise CheckpointError(f"{repo}: subfolder {subfolder!r} is not in the repository")
+    return folder
+
+
+def read_weights(path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """All tensors as float32 numpy arrays, after checking names and shapes against `expected`."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            names = set(handle.keys())
+            missing = sorted(set(expected) - names)
+            extra = sorted(names - set(expected))
+            if missing:
+                raise CheckpointError(f"{path}: missing tensor {missing[0]!r}" + _more(missing))
+            if extra:
+                raise CheckpointError(f"{path}: unexpected tensor {extra[0]!r}" + _more(extra))
+            for name, shape in expected.items():
+                got = tuple(handle.get_slice(name).get_shape())
+                if got != tuple(shape):
+                    raise CheckpointError(f"{path}: tensor {name!r} has shape {got}, expected {tuple(shape)}")
+            weights = {}
+            for name in expected:
+                array = handle.get_tensor(name)
+                if not np.issubdtype(array.dtype, np.floating):
+                    raise CheckpointError(f"{path}: tensor {name!r} has dtype {array.dtype}, expected floats")
+                weights[name] = np.ascontiguousarray(array, dtype=np.float32)
+    except CheckpointError:
+        raise
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+    for name, array in weights.items():
+        if not np.isfinite(array).all():
+            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values")
+    return weights
+
+
+def _more(names: list[str]) -> str:
+    return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: configs, tokenizer and fp32 weights, shared by every runtime."""
+
+    path: Path
+    config: AgentConfig
+    encoder: EncoderConfig
+    tokenizer: Tokenizer
+    weights: dict[str, np.ndarray] = field(repr=False)
+    source: str = ""
+
+    @cached_property
+    def sha256(self) -> str:
+        """Digest of the weights file: the identity of exported bundles and caches."""
+        return sha256_of(self.path / WEIGHTS_FILE)
+
+    def encoder_weights(self) -> dict[str, np.ndarray]:
+        return {k[len("encoder.") :]: v for k, v in self.weights.items() if k.startswith("encoder.")}
+
+    @property
+    def n_parameters(self) -> int:
+        return int(sum(v.size for k, v in self.weights.items() if k != "temperature"))
+
+
+def load_checkpoint(folder: Path, *, sha256: Mapping[str, str] | None = None, source: str = "") -> Checkpoint:
+    """Load a checkpoint folder strictly; `sha256` maps relative paths to digests checked first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a checkpoint folder")
+    if sha256:
+        verify_digests(folder, sha256)
+    config = AgentConfig.from_dict(read_json(folder / CONFIG_FILE), folder / CONFIG_FILE)
+    encoder = EncoderConfig.from_dict(read_json(folder / ENCODER_CONFIG), folder / ENCODER_CONFIG)
+    tokenizer = Tokenizer.from_dir(folder / TOKENIZER_DIR)
+    if tokenizer.vocab_size > encoder.vocab_size:
+        raise CheckpointError(
+            f"{folder / TOKENIZER_DIR}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder's "
+            f"embedding table only {encoder.vocab_size} rows"
+        )
+    if encoder.hidden_size % 64:
+        raise CheckpointError(
+            f"{folder / ENCODER_CONFIG}: hidden_size {encoder.hidden_size} is not a multiple of 64 "
+            "(the decision head uses heads of 64)"
+        )
+    weights = read_weights(folder / WEIGHTS_FILE, checkpoint_tensors(config, encoder))
+    return Checkpoint(
+        path=folder, config=config, encoder=encoder, tokenizer=tokenizer, weights=weights,
+        source=source or str(folder),
+    )

@@ -1,0 +1,1 @@
+"""The encoder side of a checkpoint: its tokenizer, the rows it reads and how rows are batched."""

@@ -1,0 +1,54 @@
+"""Rows padded into the five arrays every runtime takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from laya.encoder.rows import Row
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`input_ids`/`attention_mask` [N, L] int64, `marker_pos`/`marker_mask` [N, K], `qtype` [N]."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    marker_pos: np.ndarray
+    marker_mask: np.ndarray
+    qtype: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def n_markers(self) -> int:
+        return int(self.marker_pos.shape[1])
+
+
+def collate(rows: list[Row], pad_id: int, length: int | None = None) -> Batch:
+    """Pad `rows` to the longest (or to `length`, for runtimes with fixed shapes)."""
+    if not rows:
+        raise ValueError("collate needs at least one row")
+    longest = max(len(r.ids) for r in rows)
+    n_len = longest if length is None else length
+    if n_len < longest:
+        raise ValueError(f"a row of {longest} tokens does not fit a batch of length {n_len}")
+    k = max(len(r.markers) for r in rows)
+    ids = np.full((len(rows), n_len), pad_id, dtype=np.int64)
+    att = np.zeros((len(rows), n_len), dtype=np.int64)
+    pos = np.zeros((len(rows), k), dtype=np.int64)
+    mask = np.zeros((len(rows), k), dtype=bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row.ids)] = row.ids
+        att[i, : len(row.ids)] = 1
+        pos[i, : len(row.markers)] = row.markers
+        mask[i, : len(row.markers)] = True
+    qtype = np.array([r.qtype for r in rows], dtype=np.int64)
+    return Batch(input_ids=ids, attention_mask=att, marker_pos=pos, marker_mask=mask, qtype=qtype)

@@ -1,0 +1,124 @@
+"""Building the encoder row of one question over one state, exactly as upstream laya does.
+
+    [CLS] <type> question: <instructions> [SEP] [MASK] opt0 [MASK] opt1 ... [SEP] <state> [SEP]
+
+The question half (the "head") depends only on the question, the state half only on the state, so
+a request tokenises its state once and each question's head once, then joins them per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from laya.encoder.tokenizer import Tokenizer
+from laya.errors import QuestionError
+from laya.questions import Question, serialize_state
+
+OPTION_TOKEN_CAP = 48  # tokens of one option text, the [MASK] not included
+OPTIONS_MIN_LEFT = 16  # below this many tokens left for the instructions, options are cut
+OPTION_FLOOR = 4  # tokens an option keeps at the very least, its [MASK] included
+INSTRUCTIONS_FLOOR = 8  # tokens the instructions keep at the very least
+
+
+@dataclass(frozen=True)
+class Head:
+    """The question half of a row."""
+
+    ids: tuple[int, ...]
+    markers: tuple[int, ...]
+    options_distinct: int
+    tokens_per_option: int | None
+
+
+@dataclass(frozen=True)
+class StateTokens:
+    """A state tokenised once; `keep_end` for conversations (lists), whose newest turn is last."""
+
+    ids: tuple[int, ...]
+    keep_end: bool
+
+
+@dataclass(frozen=True)
+class Row:
+    """One encoder row: ids, the [MASK] position of each option, and what the state lost."""
+
+    ids: tuple[int, ...]
+    markers: tuple[int, ...]
+    qtype: int
+    state_tokens: int
+    state_tokens_kept: int
+
+    @property
+    def state_tokens_dropped(self) -> int:
+        return self.state_tokens - self.state_tokens_kept
+
+
+def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> Head:
+    """The question half; `head_max_len` is a cap the floors may exceed with very many options."""
+    q = tok.encode(f"{question.qtype} question: {tok.sanitize(question.instructions)}")
+    texts = [" " + tok.sanitize(text) for text in question.options]
+    opts = [[tok.mask_id, *ids[:OPTION_TOKEN_CAP]] for ids in tok.encode_many(texts)]
+    left = head_max_len - sum(len(o) for o in opts)
+    per_option = None
+    if left < OPTIONS_MIN_LEFT:
+        per_option = max(OPTION_FLOOR, (head_max_len - OPTIONS_MIN_LEFT) // len(opts))
+        opts = [o[:per_option] for o in opts]
+        left = head_max_len - sum(len(o) for o in opts)
+    q = q[: max(INSTRUCTIONS_FLOOR, left)]
+    ids = [tok.cls_id, *q, tok.sep_id]
+    markers = []
+    for o in opts:
+        markers.append(len(ids))
+        ids.extend(o)
+    ids.append(tok.sep_id)
+    return Head(
+        ids=tuple(ids),
+        markers=tuple(markers),
+        options_distinct=len({tuple(o) for o in opts}),
+        tokens_per_option=per_option,
+    )
+
+
+def tokenize_state(tok: Tokenizer, state: object) -> StateTokens:
+    return StateTokens(ids=tuple(tok.encode(tok.sanitize(serialize_state(state)))), keep_end=isinstance(state, list))
+
+
+def build_row(tok: Tokenizer, question: Question, head: Head, state: StateTokens, max_len: int) -> Row:
+    """Join a head and a state into one row of at most `max_len` tokens.
+
+    Refuses (rather than silently answering from fewer options) a question whose option markers
+    do not all fit in `max_len`.
+    """
+    fitting = sum(1 for m in head.markers if m < max_len)
+    if fitting < len(head.markers):
+        raise QuestionError(
+            f"question {question.qid!r}: only {fitting} of its {len(head.markers)} option markers fit in "
+            f"the model's row of {max_len} tokens; use fewer or shorter options",
+            qid=question.qid,
+            error_type="question_too_long",
+        )
+    room = max(0, max_len - len(head.ids) - 1)
+    ids = state.ids
+    # not ids[-room:]: with no room, ids[-0:] would be the whole state
+    kept = ids[max(0, len(ids) - room) :] if state.keep_end else ids[:room]
+    row = (*head.ids, *kept, tok.sep_id)[:max_len]
+    return Row(
+        ids=row,
+        markers=head.markers,
+        qtype=question.qtype_index,
+        state_tokens=len(ids),
+        state_tokens_kept=len(kept),
+    )
+
+
+def build_rows(
+    tok: Tokenizer, state: object, questions: list[Question], max_len: int, head_max_len: int,
+    heads: dict[str, Head] | None = None,
+) -> list[Row]:
+    """Rows of one state, one per question; `heads` lets many states share each question's head."""
+    state_tokens = tokenize_state(tok, state)
+    rows = []
+    for question in questions:
+        head = heads[question.qid] if heads is not None else build_head(tok, question, head_max_len)
+        rows.append(build_row(tok, question, head, state_tokens, max_len))
+    return rows

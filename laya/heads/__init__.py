@@ -1,0 +1,1 @@
+"""The decision head: tensor layout, and decoding its logits into System One answers."""

@@ -1,0 +1,51 @@
+"""`laya.load`: from a name, a folder or a Hub id to a ready `Model`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from laya.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint
+from laya.errors import CheckpointError
+from laya.models.registry import lookup
+
+
+def resolve(
+    model: str | os.PathLike, *, revision: str | None = None, subfolder: str | None = None,
+    sha256: str | Mapping[str, str] | None = None,
+) -> tuple[Path, dict[str, str], str]:
+    """Folder, digests to check and display name for `model`, downloading from the Hub if needed."""
+    digests: dict[str, str] = {}
+    if isinstance(sha256, str):
+        digests[WEIGHTS_FILE] = sha256
+    elif sha256:
+        digests.update(sha256)
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.exists():
+        folder = path / subfolder if subfolder else path
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: not a checkpoint folder")
+        return folder, digests, folder.resolve().name
+    if text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise CheckpointError(f"{text}: no such checkpoint folder")
+    entry = lookup(text)
+    if entry is not None:
+        digests.setdefault(WEIGHTS_FILE, entry.weights_sha256)
+        folder = download(entry.repo, revision=revision or entry.revision, subfolder=subfolder or entry.subfolder)
+        return folder, digests, entry.name
+    if text.count("/") == 1 and all(text.split("/")):
+        folder = download(text, revision=revision, subfolder=subfolder)
+        name = text.split("/")[1] + (f"-{subfolder.strip('/').replace('/', '-')}" if subfolder else "")
+        return folder, digests, name
+    raise CheckpointError(
+        f"{text!r} is not a checkpoint folder, a registered model (laya, laya-multilingual, "
+        "laya-typed-decisions) or a Hub id (owner/name)"
+    )
+
+
+def load_model_checkpoint(model: str | os.PathLike, **kwargs: Any) -> tuple[Checkpoint, str]:
+    folder, digests, name = resolve(model, **kwargs)
+    return load_checkpoint(folder, sha256=digests, source=os.fspath(model)), name

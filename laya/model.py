@@ -1,0 +1,155 @@
+"""A loaded laya model: checkpoint + runtime + policy, answering System One requests.
+
+The straight line of one request: questions are validated once, the state is tokenised once,
+each question's head is built once, rows go through the runtime in padded batches, and each row
+of logits is decoded with its bucket's temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from laya.calibration.temperatures import Temperatures
+from laya.checkpoint import Checkpoint
+from laya.encoder.batch import collate
+from laya.encoder.rows import Head, Row, build_head, build_rows
+from laya.errors import QuestionError
+from laya.heads import decode
+from laya.questions import Question, check_state, parse_questions
+from laya.runtimes.base import Runtime
+
+DEFAULT_MAX_BATCH_ROWS = 32
+
+
+@dataclass
+class Prepared:
+    """A request after validation and row building, before any runtime call."""
+
+    questions: list[Question]
+    rows: list[list[Row]]  # per state, one row per question
+
+
+class Model:
+    """`laya.load(...)` returns one of these; `predict` answers one state, `predict_batch` many."""
+
+    def __init__(
+        self, checkpoint: Checkpoint, runtime: Runtime, *, name: str | None = None,
+        temperatures: Temperatures | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+    ):
+        self.checkpoint = checkpoint
+        self.runtime = runtime
+        self.name = name or checkpoint.path.name
+        cfg = checkpoint.config
+        self.temperatures = temperatures or Temperatures.from_raw(
+            cfg.temperature, cfg.temperature_by_options, source=str(checkpoint.path / "rl_agent_config.json")
+        )
+        self.max_batch_rows = max_batch_rows
+
+    @property
+    def tokenizer(self):
+        return self.checkpoint.tokenizer
+
+    @property
+    def max_len(self) -> int:
+        return self.checkpoint.config.max_len
+
+    @property
+    def head_max_len(self) -> int:
+        return self.checkpoint.config.head_max_len
+
+    def prepare(self, states: Sequence[Any], questions: Mapping[str, Any]) -> Prepared:
+        """Validate and build every row; raises `QuestionError` before any inference."""
+        parsed = parse_questions(questions)
+        for state in states:
+            check_state(state)
+        heads: dict[str, Head] = {q.qid: build_head(self.tokenizer, q, self.head_max_len) for q in parsed}
+        rows = [build_rows(self.tokenizer, s, parsed, self.max_len, self.head_max_len, heads) for s in states]
+        return Prepared(questions=parsed, rows=rows)
+
+    def run(self, rows: list[Row]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Logits (cut to each row's options) and act logits of `rows`, in batches of similar length."""
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+        logits: list[np.ndarray] = [np.empty(0)] * len(rows)
+        acts: list[np.ndarray] = [np.empty(0)] * len(rows)
+        for start in range(0, len(order), self.max_batch_rows):
+            chunk = order[start : start + self.max_batch_rows]
+            batch = collate([rows[i] for i in chunk], self.tokenizer.pad_id)
+            out_logits, out_act = self.runtime.forward(batch)
+            for j, i in enumerate(chunk):
+                logits[i] = out_logits[j, : len(rows[i].markers)]
+                acts[i] = out_act[j]
+        return logits, acts
+
+    def respond(self, questions: list[Question], rows: list[Row], logits, acts) -> dict[str, Any]:
+        """The System One response of one state."""
+        answers = {}
+        for q, z, a in zip(questions, logits, acts):
+            t = self.temperatures.for_question(q.qtype, q.n_options)
+            p = decode.probabilities(z, t)
+            answers[q.qid] = decode.answer(q, p, {"x_act_probability": decode.act_probability(a)})
+        return {
+            "model": self.name,
+            "answers": answers,
+            "usage": {"input_tokens": int(sum(len(r.ids) for r in rows)), "output_tokens": 0},
+            "x_usage": {
+                "state_tokens": rows[0].state_tokens,
+                "state_tokens_kept": min(r.state_tokens_kept for r in rows),
+                "state_tokens_dropped": max(r.state_tokens_dropped for r in rows),
+                "truncated_questions": [q.qid for q, r in zip(questions, rows) if r.state_tokens_dropped],
+                "rows": len(rows),
+            },
+        }
+
+    def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The same questions over many states, sharing forward passes."""
+        if isinstance(states, str | bytes | dict):
+            raise QuestionError("predict_batch takes a list of states; use predict() for one state")
+        states = list(states)
+        if not states:
+            return []
+        prepared = self.prepare(states, questions)
+        flat = [row for rows in prepared.rows for row in rows]
+        logits, acts = self.run(flat)
+        n = len(prepared.questions)
+        return [
+            self.respond(prepared.questions, rows, logits[i * n : (i + 1) * n], acts[i * n : (i + 1) * n])
+            for i, rows in enumerate(prepared.rows)
+        ]
+
+    def predict(self, state: Any, questions: Mapping[str, Any]) -> dict[str, Any]:
+        """One state, many questions: `{"model", "answers", "usage", "x_usage"}`."""
+        return self.predict_batch([state], questions)[0]
+
+    def info(self) -> dict[str, Any]:
+        ck = self.checkpoint
+        enc = ck.encoder
+        return {
+            "name": self.name,
+            "source": ck.source,
+            "path": str(ck.path),
+            "runtime": self.runtime.name,
+            "precision": self.runtime.precision,
+            "encoder": {
+                "id": ck.config.encoder,
+                "layers": enc.num_hidden_layers,
+                "hidden_size": enc.hidden_size,
+                "heads": enc.num_attention_heads,
+                "intermediate_size": enc.intermediate_size,
+                "vocab_size": enc.vocab_size,
+                "rope_theta": {"global": enc.global_rope_theta, "local": enc.local_rope_theta},
+                "local_attention": enc.local_attention,
+            },
+            "parameters": ck.n_parameters,
+            "head_layers": ck.config.head_layers,
+            "max_len": ck.config.max_len,
+            "head_max_len": ck.config.head_max_len,
+            "temperatures": self.temperatures.to_dict(),
+            "special_ids": {
+                "cls": ck.tokenizer.cls_id, "sep": ck.tokenizer.sep_id,
+                "mask": ck.tokenizer.mask_id, "pad": ck.tokenizer.pad_id,
+            },
+        }

@@ -1,0 +1,50 @@
+"""The one interface every runtime implements, and the registry that creates them by name.
+
+A runtime turns a checkpoint's weights into its own form once, then answers `forward(batch)`:
+option logits [N, K] (fp32, -1e4 where `marker_mask` is false) and act-head logits [N, n_act].
+Everything before (rows, batching) and after (temperatures, answers) is shared policy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from laya.errors import RuntimeUnavailable
+
+if TYPE_CHECKING:
+    from laya.checkpoint import Checkpoint
+    from laya.encoder.batch import Batch
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    name: str
+    precision: str
+
+    def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+# name -> (module, class, the import that must succeed for it to be available)
+RUNTIMES: dict[str, tuple[str, str, str]] = {
+    "torch": ("laya.runtimes.pytorch", "TorchRuntime", "torch"),
+}
+
+
+def available_runtimes() -> list[str]:
+    return [name for name, (_, _, probe) in RUNTIMES.items() if importlib.util.find_spec(probe) is not None]
+
+
+def create_runtime(name: str, checkpoint: Checkpoint, **options: Any) -> Runtime:
+    if name not in RUNTIMES:
+        raise RuntimeUnavailable(f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}")
+    module_name, class_name, probe = RUNTIMES[name]
+    if importlib.util.find_spec(probe) is None:
+        raise RuntimeUnavailable(
+            f"runtime {name!r} needs the {probe!r} package; install the extra: pip install 'laya-runtime[{name}]'"
+        )
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)(checkpoint, **options)
