@@ -27,16 +27,20 @@ def load(
     subfolder: str | None = None,
     sha256: str | Mapping[str, str] | None = None,
     name: str | None = None,
+    local_only: bool = False,
     **runtime_options: Any,
 ) -> Model:
     """Load a laya checkpoint and put it on `runtime`.
 
     `model` is a local folder, a registered name (pinned revision and weights digest) or a Hub id
     (`subfolder`, `revision` optional). `sha256` is the weights' digest, or a map of relative paths
-    to digests, checked before anything is parsed.
+    to digests, checked before anything is parsed. `local_only` never contacts the Hub.
     """
     from laya.loading import load_model_checkpoint
     from laya.runtimes import create_runtime
 
-    checkpoint, default_name = load_model_checkpoint(model, revision=revision, subfolder=subfolder, sha256=sha256)
-    return Model(checkpoint, create_runtime(runtime, checkpoint, **runtime_options), name=name or default_name)
+    checkpoint, default_name = load_model_checkpoint(
+        model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only
+    )
+    runtime_impl = create_runtime(runtime, checkpoint, **runtime_options)
+    return Model(checkpoint, runtime_impl, name=name or default_name)

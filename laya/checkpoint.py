@@ -48,28 +48,44 @@ def verify_digests(folder: Path, expected: Mapping[str, str]) -> None:
             raise CheckpointError(f"{path}: sha256 {got} does not match the expected {want.lower()}")
 
 
-def download(repo: str, *, revision: str | None = None, subfolder: str | None = None) -> Path:
-    """A Hub snapshot with only the checkpoint's four file patterns (cache and offline mode honoured)."""
+def _is_commit(revision: str | None) -> bool:
+    return bool(revision) and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision.lower())
+
+
+def download(
+    repo: str, *, revision: str | None = None, subfolder: str | None = None, local_only: bool = False
+) -> Path:
+    """A Hub snapshot with only the checkpoint's four file patterns (cache and offline mode honoured).
+
+    A commit pinned revision already in the cache is used without touching the network: it cannot
+    change. `local_only` never goes online.
+    """
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a core dependency
         raise CheckpointError("huggingface_hub is needed to load a checkpoint from the Hub") from exc
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    kwargs = dict(revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS],
+                  token=os.environ.get("HF_TOKEN") or None)
+    where = f"{repo}{'@' + revision if revision else ''}"
+    snapshot = None
     try:
-        snapshot = snapshot_download(
-            repo,
-            revision=revision,
-            allow_patterns=[prefix + p for p in HUB_PATTERNS],
-            token=os.environ.get("HF_TOKEN") or None,
-        )
+        if local_only or _is_commit(revision):
+            try:
+                snapshot = snapshot_download(repo, local_files_only=True, **kwargs)
+            except LocalEntryNotFoundError:
+                if local_only:
+                    raise
+        if snapshot is None:
+            snapshot = snapshot_download(repo, **kwargs)
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
-            f"{repo}{'@' + revision if revision else ''}: not in the local Hugging Face cache and the Hub "
-            "cannot be reached (offline mode or no network)"
+            f"{where}: not in the local Hugging Face cache and the Hub cannot be reached (offline mode or no network)"
+            if not local_only else f"{where}: not in the local Hugging Face cache"
         ) from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{repo}: cannot download from the Hub ({exc})") from exc
+        raise CheckpointError(f"{where}: cannot download from the Hub ({exc})") from exc
     folder = Path(snapshot) / prefix if prefix else Path(snapshot)
     if not folder.is_dir():
         raise CheckpointError(f"{repo}: subfolder {subfolder!r} is not in the repository")

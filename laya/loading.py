@@ -14,7 +14,7 @@ from laya.models.registry import lookup
 
 def resolve(
     model: str | os.PathLike, *, revision: str | None = None, subfolder: str | None = None,
-    sha256: str | Mapping[str, str] | None = None,
+    sha256: str | Mapping[str, str] | None = None, local_only: bool = False,
 ) -> tuple[Path, dict[str, str], str]:
     """Folder, digests to check and display name for `model`, downloading from the Hub if needed."""
     digests: dict[str, str] = {}
@@ -34,10 +34,11 @@ def resolve(
     entry = lookup(text)
     if entry is not None:
         digests.setdefault(WEIGHTS_FILE, entry.weights_sha256)
-        folder = download(entry.repo, revision=revision or entry.revision, subfolder=subfolder or entry.subfolder)
+        folder = download(entry.repo, revision=revision or entry.revision, subfolder=subfolder or entry.subfolder,
+                          local_only=local_only)
         return folder, digests, entry.name
     if text.count("/") == 1 and all(text.split("/")):
-        folder = download(text, revision=revision, subfolder=subfolder)
+        folder = download(text, revision=revision, subfolder=subfolder, local_only=local_only)
         name = text.split("/")[1] + (f"-{subfolder.strip('/').replace('/', '-')}" if subfolder else "")
         return folder, digests, name
     raise CheckpointError(

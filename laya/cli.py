@@ -1,0 +1,186 @@
+"""The `laya` command line.
+
+User mistakes (a missing file, bad JSON, an unknown model, a question that cannot be answered)
+print one line on stderr and exit 2; they never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from laya.errors import LayaError
+
+
+class UsageError(LayaError):
+    """A command-line argument that cannot be used as given."""
+
+
+def _read_arg(value: str, what: str) -> str:
+    """`@path` reads a file ("-" is stdin); anything else is the value itself."""
+    if not value.startswith("@"):
+        return value
+    target = value[1:]
+    if target == "-":
+        return sys.stdin.read()
+    path = Path(target).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise UsageError(f"{what}: file not found: {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what}: cannot read {path}: {exc}") from exc
+
+
+def _json_arg(value: str, what: str) -> Any:
+    text = _read_arg(value, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+
+
+def _state_arg(value: str, as_json: bool) -> Any:
+    return _json_arg(value, "--state") if as_json else _read_arg(value, "--state")
+
+
+def _load(args: argparse.Namespace):
+    import laya
+
+    options = {}
+    if getattr(args, "threads", None):
+        options["threads"] = args.threads
+    return laya.load(args.model, runtime=args.runtime, revision=args.revision, subfolder=args.subfolder,
+                     sha256=args.sha256, **options)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    questions = _json_arg(args.questions, "--questions")
+    state = _state_arg(args.state, args.state_json)
+    model = _load(args)
+    response = model.predict(state, questions)
+    print(json.dumps(response, ensure_ascii=False, indent=2 if args.pretty else None))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    model = _load(args)
+    info = model.info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    enc = info["encoder"]
+    temps = info["temperatures"]
+    print(f"model        {info['name']}  ({info['path']})")
+    print(f"encoder      {enc['id']}: ModernBERT, {enc['layers']} layers, d {enc['hidden_size']}, "
+          f"{enc['heads']} heads, GeGLU {enc['intermediate_size']}, vocab {enc['vocab_size']}")
+    print(f"rope theta   global {enc['rope_theta']['global']:g}, local {enc['rope_theta']['local']:g}, "
+          f"window {enc['local_attention']}")
+    print(f"parameters   {info['parameters']:,}")
+    print(f"head         {info['head_layers']} layers")
+    print(f"budgets      max_len {info['max_len']}, head_max_len {info['head_max_len']}")
+    print(f"temperature  choice {temps['temperature'][0]:g}, score {temps['temperature'][1]:g}, "
+          f"noul {temps['temperature'][2]:g}")
+    for key, value in temps["temperature_by_options"].items():
+        print(f"             {key} {value:g}")
+    print(f"runtime      {info['runtime']} ({info['precision']})")
+    return 0
+
+
+DEMO_STATE = "Hi, I was charged twice for my subscription this month and I want the extra payment refunded."
+DEMO_QUESTIONS = {
+    "team": {"type": "choice", "instructions": "Which team should handle this message?",
+             "criteria": {"billing": "payments, invoices and refunds", "sales": "new plans and pricing",
+                          "support": "technical problems"}},
+    "urgent": {"type": "noul", "instructions": "Does this need action today?"},
+    "anger": {"type": "score", "instructions": "How upset is the customer?",
+              "criteria": ["calm", "annoyed", "angry"]},
+}
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Answer a routing request with the best model this machine can reach."""
+    import laya
+    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+    try:
+        model = laya.load(args.model, local_only=not args.online)
+        note = f"model {model.name} ({model.checkpoint.source})"
+    except LayaError as exc:
+        folder = Path(args.demo_dir).expanduser()
+        if not (folder / "model.safetensors").exists():
+            write_test_checkpoint(folder, TestCheckpointSpec(seed=0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            model = laya.load(folder, name="laya-demo-random")
+        note = (f"{args.model} is not reachable here ({exc}).\nUsing a generated checkpoint with RANDOM weights "
+                f"at {folder}: the pipeline is real, the answers are meaningless.")
+    print(note, file=sys.stderr)
+    print(f"state: {DEMO_STATE}", file=sys.stderr)
+    print(json.dumps(model.predict(DEMO_STATE, DEMO_QUESTIONS), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
+    parser.add_argument("--runtime", "-r", default="torch", help="runtime to run on (default: torch)")
+    parser.add_argument("--revision", help="Hub revision (commit, branch or tag)")
+    parser.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
+    parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
+    parser.add_argument("--threads", type=int, help="CPU threads for the runtime")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="laya", description="System One decisions from encoder checkpoints")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    predict = sub.add_parser("predict", help="answer questions about a state and print the response JSON")
+    _model_args(predict)
+    predict.add_argument("--state", "-s", required=True, help="state text, or @file (@- for stdin)")
+    predict.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
+    predict.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
+    predict.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    predict.set_defaults(func=cmd_predict)
+
+    info = sub.add_parser("info", help="print the encoder, parameter count, budgets and temperatures")
+    _model_args(info)
+    info.add_argument("--json", action="store_true", help="print as JSON")
+    info.set_defaults(func=cmd_info)
+
+    demo = sub.add_parser("demo", help="answer a sample routing request (falls back to a random-weight model)")
+    demo.add_argument("--model", "-m", default="laya-multilingual", help="model to try first")
+    demo.add_argument("--demo-dir", default="~/.cache/laya/demo-checkpoint",
+                      help="where the random-weight fallback checkpoint is written")
+    demo.add_argument("--online", action="store_true", help="download the model from the Hub if not cached")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `laya info M` reads naturally; accept the model as a positional argument too.
+    if len(argv) >= 2 and argv[0] in ("info", "predict") and not argv[1].startswith("-"):
+        argv = [argv[0], "--model", *argv[1:]]
+    args = parser.parse_args(argv)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return int(args.func(args) or 0)
+            finally:
+                for seen in {str(w.message): w for w in caught}.values():
+                    print(f"laya: warning: {seen.message}", file=sys.stderr)
+    except LayaError as exc:
+        print(f"laya: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

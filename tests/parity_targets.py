@@ -1,0 +1,48 @@
+"""The runtimes the parity suite checks, each with its precision's tolerance.
+
+A new runtime adds its targets here; `test_parity.py` then holds it to the upstream goldens and
+to the reference runtime with the same cases. fp32 targets must match within 1e-4 with no flips;
+reduced-precision targets within their bound, with no flips where the reference's top-two margin
+exceeds twice that bound.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from laya.runtimes import RUNTIMES, available_runtimes
+
+REFERENCE = "torch"
+
+
+@dataclass(frozen=True)
+class ParityTarget:
+    runtime: str
+    options: dict[str, Any] = field(default_factory=dict)
+    max_dp: float = 1e-4
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.label or self.runtime
+
+    @property
+    def exact(self) -> bool:
+        """fp32 targets: no argmax flip at all, whatever the margin."""
+        return self.max_dp <= 1e-4
+
+
+TARGETS = [
+    ParityTarget("torch", label="torch-fp32"),
+]
+
+
+def installed_targets() -> list[ParityTarget]:
+    """Targets whose runtime is installed; on CI every registered runtime must be."""
+    have = set(available_runtimes())
+    if os.environ.get("CI"):
+        missing = set(RUNTIMES) - have
+        assert not missing, f"CI must install every runtime extra; missing: {sorted(missing)}"
+    return [t for t in TARGETS if t.runtime in have]
