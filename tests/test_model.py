@@ -18,17 +18,6 @@ URGENT = {"type": "noul", "instructions": "Urgent?", "criteria": {"true": "needs
 STATE = "I was charged twice for my order and nobody answers my emails. Fix it now!"
 
 
-def close(a: dict, b: dict, tol: float = 1e-6) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], float):
-            assert a[key] == pytest.approx(b[key], abs=tol), key
-        elif isinstance(a[key], dict):
-            close(a[key], b[key], tol)
-        else:
-            assert a[key] == b[key], key
-
-
 def test_response_shape(model):
     out = model.predict(STATE, {"team": ROUTE, "anger": ANGER, "urgent": URGENT})
     assert set(out) == {"model", "answers", "usage", "x_usage"}
@@ -72,12 +61,13 @@ def test_deterministic(model):
 
 
 def test_independent_of_ids_order_and_company(model):
+    """Bit for bit: the reference runtime's answers do not depend on what shares their batch."""
     alone = model.predict(STATE, {"team": ROUTE})["answers"]["team"]
     crowd = model.predict(STATE, {"zz 🙂": ANGER, "other.id": ROUTE, "u": URGENT})["answers"]["other.id"]
-    close(alone, crowd)
+    assert alone == crowd
     batch = model.predict_batch(["short", STATE, STATE * 10], {"u": URGENT, "t": ROUTE})
-    close(batch[1]["answers"]["t"], alone)
-    close(batch[0]["answers"]["u"], model.predict("short", {"u": URGENT})["answers"]["u"])
+    assert batch[1]["answers"]["t"] == alone
+    assert batch[0]["answers"]["u"] == model.predict("short", {"u": URGENT})["answers"]["u"]
 
 
 def test_many_states_share_batches(model, monkeypatch):

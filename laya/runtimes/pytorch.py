@@ -131,18 +131,26 @@ class DecisionNet(nn.Module):
         keep = attention_mask.bool()[:, None, None, :]
         for layer in self.head.layers:
             h = layer(h, keep)
-        m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
-        logits = self.scorer(m).squeeze(-1).float().masked_fill(~marker_mask, MASKED_LOGIT)
-        return logits, self.act_head(torch.cat([h[:, 0].float(), act_features(logits, marker_mask)], -1))
+        # The scorer and act head see a handful of vectors per row. Run them row by row on the row's
+        # real markers: a GEMM this small picks its kernel by the number of rows it is given, so a
+        # batched call would make a question's answer depend (in the last bits) on its batch company.
+        logits = torch.full(marker_mask.shape, MASKED_LOGIT, dtype=torch.float32)
+        acts = []
+        for i, k in enumerate(marker_mask.sum(-1).tolist()):
+            z = self.scorer(h[i, marker_pos[i, :k]]).squeeze(-1).float()
+            logits[i, :k] = z
+            acts.append(self.act_head(torch.cat([h[i, 0].float(), act_features(z)])[None]))
+        return logits, torch.cat(acts)
 
 
-def act_features(logits: torch.Tensor, marker_mask: torch.Tensor) -> torch.Tensor:
-    """[top1, top1 - top2, normalised entropy, k / 255] of the untempered option distribution."""
-    p = torch.softmax(logits, -1)
-    k = marker_mask.sum(-1).clamp(min=2).float()
-    entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
-    top = p.topk(2, -1).values if p.size(-1) >= 2 else torch.cat([p, torch.zeros_like(p)], -1)
-    return torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy, k / 255.0], -1)
+def act_features(z: torch.Tensor) -> torch.Tensor:
+    """[top1, top1 - top2, normalised entropy, k / 255] of one row's untempered option distribution."""
+    k = z.numel()
+    p = torch.softmax(z, -1)
+    kk = torch.tensor(float(max(2, k)))
+    entropy = -(p * torch.log(p.clamp_min(1e-9))).sum() / torch.log(kk)
+    top = p.topk(2).values if k >= 2 else torch.cat([p, torch.zeros_like(p)])
+    return torch.stack([top[0], top[0] - top[1], entropy, kk / 255.0])
 
 
 class TorchRuntime:
