@@ -15,7 +15,7 @@ import numpy as np
 
 from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
-from laya.encoder.batch import collate
+from laya.encoder.batch import collate, padded_length
 from laya.encoder.rows import Head, Row, build_head, build_rows
 from laya.errors import QuestionError
 from laya.heads import decode
@@ -71,17 +71,24 @@ class Model:
         return Prepared(questions=parsed, rows=rows)
 
     def run(self, rows: list[Row]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Logits (cut to each row's options) and act logits of `rows`, in batches of similar length."""
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+        """Logits (cut to each row's options) and act logits of `rows`.
+
+        Rows are batched by their canonical padded length (`padded_length`), at most
+        `max_batch_rows` at a time, so each row is computed the same way whatever shares its batch.
+        """
+        groups: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(padded_length(len(row.ids)), []).append(i)
         logits: list[np.ndarray] = [np.empty(0)] * len(rows)
         acts: list[np.ndarray] = [np.empty(0)] * len(rows)
-        for start in range(0, len(order), self.max_batch_rows):
-            chunk = order[start : start + self.max_batch_rows]
-            batch = collate([rows[i] for i in chunk], self.tokenizer.pad_id)
-            out_logits, out_act = self.runtime.forward(batch)
-            for j, i in enumerate(chunk):
-                logits[i] = out_logits[j, : len(rows[i].markers)]
-                acts[i] = out_act[j]
+        for length, members in sorted(groups.items()):
+            for start in range(0, len(members), self.max_batch_rows):
+                chunk = members[start : start + self.max_batch_rows]
+                batch = collate([rows[i] for i in chunk], self.tokenizer.pad_id, length=length)
+                out_logits, out_act = self.runtime.forward(batch)
+                for j, i in enumerate(chunk):
+                    logits[i] = out_logits[j, : len(rows[i].markers)]
+                    acts[i] = out_act[j]
         return logits, acts
 
     def respond(self, questions: list[Question], rows: list[Row], logits, acts) -> dict[str, Any]:

@@ -73,9 +73,12 @@ def test_independent_of_ids_order_and_company(model):
 def test_many_states_share_batches(model, monkeypatch):
     calls = []
     original = model.runtime.forward
-    monkeypatch.setattr(model.runtime, "forward", lambda b: calls.append(b.size) or original(b))
-    results = model.predict_batch([STATE, "b", "c"], {"t": ROUTE, "u": URGENT})
-    assert len(results) == 3 and calls == [6]
+    monkeypatch.setattr(model.runtime, "forward", lambda b: calls.append((b.size, b.length)) or original(b))
+    results = model.predict_batch(["state a", "state b", "state c"], {"t": ROUTE, "u": URGENT})
+    assert len(results) == 3 and [size for size, _ in calls] == [6]
+    calls.clear()
+    model.predict_batch(["short", STATE * 10], {"t": ROUTE})
+    assert len(calls) == 2 and all(length % 32 == 0 for _, length in calls)  # one batch per length bucket
 
 
 def test_batches_are_bounded(checkpoint_dir, monkeypatch):

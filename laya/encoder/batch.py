@@ -32,6 +32,19 @@ class Batch:
         return int(self.marker_pos.shape[1])
 
 
+LENGTH_STEP = 32
+
+
+def padded_length(n_tokens: int, step: int = LENGTH_STEP) -> int:
+    """The length a row of `n_tokens` is always padded to.
+
+    Attention kernels block their work by the padded length, so a row padded to different lengths
+    can differ in the last bits. Padding every row to its own canonical bucket (and batching rows
+    of one bucket together) makes a row's answer independent of what shares its batch.
+    """
+    return -(-n_tokens // step) * step
+
+
 def collate(rows: list[Row], pad_id: int, length: int | None = None) -> Batch:
     """Pad `rows` to the longest (or to `length`, for runtimes with fixed shapes)."""
     if not rows:
