@@ -125,6 +125,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from laya.server.app import ServerConfig
+    from laya.server.serve import ModelSpec, ServeOptions, serve
+
+    api_key = args.api_key or os.environ.get("LAYA_API_KEY") or None
+    config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending,
+                          max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024)
+    options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
+                           threads=args.threads, server=config)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"laya: warning: listening on {args.host}, reachable from other machines"
+              + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
+    print(f"laya: serving on http://{args.host}:{args.port} (demo page at /, API at /v1/systemone)", file=sys.stderr)
+    serve(options, host=args.host, port=args.port, workers=args.workers)
+    return 0
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default="torch", help="runtime to run on (default: torch)")
@@ -150,6 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(info)
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
+
+    srv = sub.add_parser("serve", help="serve /v1/systemone over HTTP")
+    srv.add_argument("--model", "-m", action="append", default=[],
+                     help="[NAME=]checkpoint folder, registered name or Hub id; repeat to serve several "
+                          "(the first is the default, answering jev-latest)")
+    srv.add_argument("--runtime", "-r", default="torch")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set LAYA_API_KEY)")
+    srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
+    srv.add_argument("--threads", type=int, help="CPU threads per runtime")
+    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
+    srv.add_argument("--max-pending", type=int, default=64, help="requests queued per model before 429")
+    srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
+    srv.add_argument("--max-body-mb", type=int, default=8, help="largest request body, after decompression")
+    srv.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser("demo", help="answer a sample routing request (falls back to a random-weight model)")
     demo.add_argument("--model", "-m", default="laya-multilingual", help="model to try first")

@@ -21,5 +21,5 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
 fi
 echo "setup: installing laya with its extras"
-.venv/bin/pip install -q --disable-pip-version-check -e ".[torch,dev]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[torch,serve,dev]"
 echo "setup: ready (.venv)"

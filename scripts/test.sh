@@ -3,5 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The demo page is tested in Debian's Chromium (never a browser downloaded by a test tool).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "test: installing Debian's chromium for the browser test"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "test: chromium not found; install Debian's chromium package to run the demo page test" >&2
+    fi
+fi
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "$@"

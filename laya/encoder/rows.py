@@ -47,6 +47,7 @@ class Row:
     qtype: int
     state_tokens: int
     state_tokens_kept: int
+    head_tokens: int
 
     @property
     def state_tokens_dropped(self) -> int:
@@ -108,6 +109,7 @@ def build_row(tok: Tokenizer, question: Question, head: Head, state: StateTokens
         qtype=question.qtype_index,
         state_tokens=len(ids),
         state_tokens_kept=len(kept),
+        head_tokens=len(head.ids),
     )
 
 

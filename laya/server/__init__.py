@@ -1,0 +1,1 @@
+"""The `/v1/systemone` HTTP server (FastAPI on uvicorn): thin, no model logic."""

@@ -1,0 +1,273 @@
+"""The FastAPI application: parse, route to an engine, batch, format errors. No model logic here."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+
+from laya.api import ALIASES, ApiError, parse_systemone, question_error, usage_error
+from laya.errors import QuestionError
+from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded
+from laya.server.body import decode, parse_json, read_body
+from laya.server.metrics import Metrics
+from laya.server.openapi import BATCH_SCHEMA, REQUEST_SCHEMA
+
+log = logging.getLogger("laya.server")
+access_log = logging.getLogger("laya.server.access")
+REQUEST_ID = "x-typesafe-request-id"
+STATIC = Path(__file__).parent / "static"
+ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
+
+
+@dataclass
+class ServerConfig:
+    api_key: str | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_wait_ms: float = 2.0
+    max_batch_rows: int = 64
+    max_pending: int = 64
+    max_batch_states: int = 256
+    retry_after_s: int = 1
+
+
+@dataclass
+class Served:
+    """What the server has loaded; filled by a background thread so /ready can say 503 meanwhile."""
+
+    engines: dict[str, Any] = field(default_factory=dict)
+    batchers: dict[str, MicroBatcher] = field(default_factory=dict)
+    default: str | None = None
+    ready: bool = False
+    load_errors: list[str] = field(default_factory=list)
+
+
+class RequestContext:
+    """Pure ASGI middleware: a request id on every response, metrics, one access-log line, and a
+    500 with a body (and a logged traceback) for anything that escapes a route.
+
+    Pure ASGI rather than BaseHTTPMiddleware, which wraps `receive` and hides client disconnects.
+    """
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        rid = headers.get(REQUEST_ID) or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["rid"], state["log"] = rid, {}
+        status = {"code": 500, "started": False}
+        began = time.perf_counter()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append(REQUEST_ID, rid)
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("internal error on %s %s (request %s)", scope["method"], scope["path"], rid)
+            if not status["started"]:
+                body = json.dumps({"detail": {"error_type": "internal_error",
+                                              "message": f"internal error; request id {rid}"}}).encode()
+                await send_with_id({"type": "http.response.start", "status": 500,
+                                    "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})
+        finally:
+            elapsed = time.perf_counter() - began
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.request(route, status["code"], elapsed)
+            if route.startswith("/v1/systemone"):
+                access_log.info(json.dumps({"id": rid, "route": route, "status": status["code"],
+                                            "ms": round(elapsed * 1000, 2), **state["log"]}))
+
+
+def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None) -> FastAPI:
+    """`load` returns the engines to serve (the first is the default); it runs after start-up."""
+    config = config or ServerConfig()
+    served = Served()
+    metrics = Metrics()
+
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+
+        def load_all() -> None:
+            try:
+                engines = load()
+                for engine in engines:
+                    engine.warmup()
+            except Exception as exc:  # reported on /health; the process keeps running to say so
+                log.exception("loading models failed")
+                served.load_errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            loop.call_soon_threadsafe(_activate, engines)
+
+        def _activate(engines: list[Any]) -> None:
+            for engine in engines:
+                batcher = MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
+                                       max_pending=config.max_pending, on_batch=metrics.batch)
+                batcher.start()
+                served.engines[engine.name] = engine
+                served.batchers[engine.name] = batcher
+                metrics.queue_depth[engine.name] = lambda b=batcher: b.pending
+            served.default = engines[0].name if engines else None
+            served.ready = bool(engines)
+            log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
+
+        threading.Thread(target=load_all, name="laya-load", daemon=True).start()
+        yield
+        for batcher in served.batchers.values():
+            await batcher.stop()
+
+    app = FastAPI(title="laya", version="0.1.0", lifespan=lifespan,
+                  description="System One decisions (`/v1/systemone`) from laya checkpoints.")
+    app.state.served = served
+    app.state.metrics = metrics
+    app.state.config = config
+    app.add_middleware(RequestContext, metrics=metrics)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+    def check_auth(request: Request) -> None:
+        if not config.api_key:
+            return
+        header = request.headers.get("authorization")
+        if not header:
+            raise usage_error(403, "authentication_error", "missing API key: send 'Authorization: Bearer <key>'")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise usage_error(401, "authentication_error", "invalid API key")
+
+    def resolve(name: str | None) -> str:
+        if not served.ready:
+            raise usage_error(503, "overloaded_error", "the models are still loading",
+                              {"Retry-After": str(max(1, config.retry_after_s))})
+        if name is None or name in ALIASES or (name.startswith("jev-") and name not in served.engines):
+            return served.default  # type: ignore[return-value]
+        if name not in served.engines:
+            raise usage_error(404, "api_usage_error",
+                              f"unknown model {name!r}; this server serves {', '.join(served.engines)}")
+        return name
+
+    async def read_json(request: Request) -> Any:
+        raw = await read_body(request, config.max_body_bytes)
+        return parse_json(decode(raw, request.headers.get("content-encoding"), config.max_body_bytes))
+
+    async def answer(request: Request, name: str, states: list[Any], questions: dict) -> list[dict]:
+        engine = served.engines[name]
+        try:
+            job = await run_in_threadpool(engine.prepare, states, questions)
+        except QuestionError as exc:
+            raise question_error(exc) from exc
+        request.state.log.update(model=name, questions=len(questions), states=len(states))
+        task = asyncio.ensure_future(served.batchers[name].submit(job))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.05)
+            if done:
+                break
+            if await request.is_disconnected():
+                task.cancel()
+                request.state.log.update(disconnected=True)
+                raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
+        try:
+            results, timing = task.result()
+        except Overloaded as exc:
+            raise usage_error(429, "rate_limit_error", f"too many requests in flight ({exc}); retry shortly",
+                              {"Retry-After": str(config.retry_after_s)}) from exc
+        except InferenceFailed as exc:
+            raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
+        request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),
+                                 queue_ms=round(timing.queue_ms, 2), inference_ms=round(timing.inference_ms, 2),
+                                 batch_jobs=timing.batch_jobs, batch_rows=timing.batch_rows)
+        for result in results:
+            result["model"] = name
+        return results
+
+    @app.post("/v1/systemone", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": REQUEST_SCHEMA}}}})
+    async def systemone(request: Request):
+        """Answer typed questions (choice, score, noul) about one state."""
+        check_auth(request)
+        body = await read_json(request)
+        req = parse_systemone(body)
+        name = resolve(req.model)
+        (result,) = await answer(request, name, [req.state], req.questions)
+        return JSONResponse(result)
+
+    @app.post("/v1/systemone/batch", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": BATCH_SCHEMA}}}})
+    async def systemone_batch(request: Request):
+        """The same questions over many states, in shared forward passes."""
+        check_auth(request)
+        req = parse_systemone(await read_json(request), batch=True)
+        if len(req.state) > config.max_batch_states:
+            raise ApiError(422, [{"loc": ["body", "states"], "type": "too_long",
+                                  "msg": f"at most {config.max_batch_states} states per batch"}])
+        name = resolve(req.model)
+        results = await answer(request, name, req.state, req.questions)
+        total = sum(r["usage"]["input_tokens"] for r in results)
+        return JSONResponse({"model": name, "results": results,
+                             "total_usage": {"input_tokens": total, "output_tokens": 0}})
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        """Served models and the jev aliases, in Jev's shape."""
+        check_auth(request)
+        out = [{"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
+               for n, e in served.engines.items()]
+        if served.default:
+            out += [{"name": alias, "description": f"alias of {served.default}",
+                     "release_date": served.engines[served.default].release_date or "2026-01-01"}
+                    for alias in ALIASES]
+        return {"models": out}
+
+    @app.get("/health")
+    async def health():
+        """Liveness, what is loaded, on which runtime and device."""
+        return {"status": "ok", "ready": served.ready, "default": served.default,
+                "models": {n: e.describe() for n, e in served.engines.items()},
+                "queue": {n: b.pending for n, b in served.batchers.items()},
+                "load_errors": served.load_errors}
+
+    @app.get("/ready")
+    async def ready():
+        """200 once every model is loaded and warmed up, 503 before."""
+        if served.ready:
+            return {"ready": True}
+        return JSONResponse({"ready": False, "load_errors": served.load_errors}, status_code=503,
+                            headers={"Retry-After": "1"})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def demo():
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
+
+    return app

@@ -1,0 +1,78 @@
+"""A few Prometheus metrics, written out in the text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.total += 1
+        self.sum += value
+        for i, edge in enumerate(self.buckets):
+            if value <= edge:
+                self.counts[i] += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        out = [f'{name}_bucket{{{labels}{sep}le="{edge:g}"}} {count}' for edge, count in zip(self.buckets, self.counts)]
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.total}')
+        out.append(f"{name}_sum{{{labels}}} {self.sum:.6f}" if labels else f"{name}_sum {self.sum:.6f}")
+        out.append(f"{name}_count{{{labels}}} {self.total}" if labels else f"{name}_count {self.total}")
+        return out
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.latency: dict[str, Histogram] = {}
+        self.batch_rows = Histogram(BATCH_BUCKETS)
+        self.batch_jobs = Histogram(BATCH_BUCKETS)
+        self.queue_depth: dict[str, Callable[[], int]] = {}
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(route, status)] += 1
+            self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def batch(self, jobs: int, rows: int) -> None:
+        with self._lock:
+            self.batch_jobs.observe(jobs)
+            self.batch_rows.observe(rows)
+
+    def render(self) -> str:
+        with self._lock:
+            lines = ["# HELP laya_requests_total HTTP requests by route and status.",
+                     "# TYPE laya_requests_total counter"]
+            lines += [f'laya_requests_total{{route="{r}",status="{s}"}} {n}'
+                      for (r, s), n in sorted(self.requests.items())]
+            lines += ["# HELP laya_errors_total HTTP responses with a 4xx or 5xx status.",
+                      "# TYPE laya_errors_total counter"]
+            errors: dict[int, int] = defaultdict(int)
+            for (_, status), n in self.requests.items():
+                if status >= 400:
+                    errors[status] += n
+            lines += [f'laya_errors_total{{status="{s}"}} {n}' for s, n in sorted(errors.items())]
+            lines += ["# HELP laya_request_seconds Request latency.", "# TYPE laya_request_seconds histogram"]
+            for route, hist in sorted(self.latency.items()):
+                lines += hist.lines("laya_request_seconds", f'route="{route}"')
+            lines += ["# HELP laya_batch_jobs Requests coalesced per forward batch.",
+                      "# TYPE laya_batch_jobs histogram"]
+            lines += self.batch_jobs.lines("laya_batch_jobs")
+            lines += ["# HELP laya_batch_rows Rows per forward batch.", "# TYPE laya_batch_rows histogram"]
+            lines += self.batch_rows.lines("laya_batch_rows")
+            lines += ["# HELP laya_queue_depth Requests waiting per model.", "# TYPE laya_queue_depth gauge"]
+            lines += [f'laya_queue_depth{{model="{m}"}} {depth()}' for m, depth in sorted(self.queue_depth.items())]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,284 @@
+"""The /v1/systemone server over real HTTP: the contract, errors, limits, auth and the official clients."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+
+import httpx
+import pytest
+from live_server import LiveServer
+
+from laya.engines import EncoderEngine
+from laya.server.app import ServerConfig, create_app
+
+KEY = "sk-test-123"
+ROUTE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None,
+                                                                       "support": "bugs"}}
+ANGER = {"type": "score", "instructions": "How angry?", "criteria": ["calm", "annoyed", "furious"]}
+URGENT = {"type": "noul", "instructions": "Urgent?"}
+STATE = "I was charged twice and nobody answers. Refund me now!"
+
+
+@pytest.fixture(scope="module")
+def server(model, mm_model):
+    app = create_app(lambda: [EncoderEngine(model, description="tiny test model", release_date="2026-11-30"),
+                              EncoderEngine(mm_model)], ServerConfig(max_wait_ms=20))
+    with LiveServer(app) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def keyed(model):
+    with LiveServer(create_app(lambda: [EncoderEngine(model)], ServerConfig(api_key=KEY))) as live:
+        yield live
+
+
+def post(server, body, **kwargs):
+    return httpx.post(server.url + "/v1/systemone", json=body, timeout=30, **kwargs)
+
+
+def test_answers_every_question_type(server, model):
+    r = post(server, {"model": "jev-latest", "state": STATE, "questions": {"t": ROUTE, "a": ANGER, "u": URGENT}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-typesafe-request-id"]
+    body = r.json()
+    assert set(body) <= {"model", "answers", "usage"} | {k for k in body if k.startswith("x_")}
+    assert body["model"] == model.name
+    assert list(body["answers"]) == ["t", "a", "u"]
+    t, a, u = body["answers"].values()
+    assert set(t) - {k for k in t if k.startswith("x_")} == {"type", "choice", "probabilities", "confidence"}
+    assert set(a) - {k for k in a if k.startswith("x_")} == {"type", "score", "legend", "probabilities", "confidence"}
+    assert set(u) - {k for k in u if k.startswith("x_")} == {"type", "noul"}
+    assert a["legend"] == {"0": "calm", "1": "annoyed", "2": "furious"}
+    assert abs(sum(t["probabilities"].values()) - 1) < 1e-9 and 0 <= t["confidence"] <= 1
+    assert type(body["usage"]["input_tokens"]) is int and body["usage"]["output_tokens"] == 0
+    # the same answers as the library
+    assert body["answers"] == model.predict(STATE, {"t": ROUTE, "a": ANGER, "u": URGENT})["answers"]
+
+
+@pytest.mark.parametrize("state", ["text", {"user": "bob", "msg": "héllo"}, [{"role": "user", "content": "hi"}], ""])
+def test_state_forms(server, state):
+    assert post(server, {"state": state, "questions": {"u": URGENT}}).status_code == 200
+
+
+def test_request_forms(server):
+    questions = {
+        "plain": {"type": "noul"},  # no instructions, no criteria
+        "nulls": {"type": "noul", "instructions": None, "criteria": None},
+        "one-sided": {"type": "noul", "instructions": "Paid?", "criteria": {"true": "the invoice is paid"}},
+        "structured": {"type": "choice", "instructions": {"task": "route", "langs": ["en", "de"]},
+                       "criteria": {"billing": {"handles": ["refunds"]}, "sales": ["plans", "pricing"], "x": None}},
+        "ids with spaces.and.dots 한국어 🙂": URGENT,
+        "score-structured": {"type": "score", "instructions": ["rate", 1], "criteria": ["low", {"mid": 1}, ["hi"]]},
+    }
+    body = {"model": None, "state": STATE, "questions": questions, "temperature": 0.2, "x_trace_id": "abc",
+            "seed": 1, "facts": []}
+    r = post(server, {**body, "questions": {**questions, "extra": {**URGENT, "unknown_field": 1}}})
+    assert r.status_code == 200, r.text
+    answers = r.json()["answers"]
+    assert list(answers)[:-1] == list(questions)  # ids come back byte for byte
+    assert list(answers["structured"]["probabilities"]) == ["billing", "sales", "x"]
+    assert answers["score-structured"]["legend"] == {"0": "low", "1": {"mid": 1}, "2": ["hi"]}
+
+
+def test_non_ascii_option_names_round_trip(server):
+    names = {"결제 💳": None, "Verkäufe": "Preise", "support/Ω": None}
+    r = post(server, {"state": STATE, "questions": {"q": {"type": "choice", "instructions": "x", "criteria": names}}})
+    assert list(r.json()["answers"]["q"]["probabilities"]) == list(names)
+
+
+def test_models_route_and_named_models(server, model, mm_model):
+    listed = httpx.get(server.url + "/v1/models").json()["models"]
+    assert [m["name"] for m in listed] == [model.name, mm_model.name, "jev-latest", "jev-preview"]
+    assert all(set(m) == {"name", "description", "release_date"} for m in listed)
+    for name, expected in ((mm_model.name, mm_model.name), ("jev-preview", model.name), ("jev-2026-09", model.name)):
+        assert post(server, {"model": name, "state": "x", "questions": {"u": URGENT}}).json()["model"] == expected
+
+
+def test_health_ready_metrics_docs(server):
+    health = httpx.get(server.url + "/health").json()
+    assert health["ready"] and health["models"][health["default"]]["runtime"] == "torch"
+    assert httpx.get(server.url + "/ready").json() == {"ready": True}
+    post(server, {"state": "x", "questions": {"u": URGENT}})
+    metrics = httpx.get(server.url + "/metrics").text
+    for name in ("laya_requests_total", "laya_errors_total", "laya_request_seconds_bucket", "laya_batch_rows_bucket",
+                 "laya_queue_depth"):
+        assert name in metrics
+    spec = httpx.get(server.url + "/openapi.json").json()
+    schema = spec["paths"]["/v1/systemone"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["required"] == ["state", "questions"]
+    assert httpx.get(server.url + "/docs").status_code == 200
+
+
+def test_batch_route(server, model):
+    r = httpx.post(server.url + "/v1/systemone/batch", json={"states": ["a", STATE], "questions": {"t": ROUTE}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["results"]) == 2
+    assert body["results"][1]["answers"] == model.predict(STATE, {"t": ROUTE})["answers"]
+    assert body["total_usage"]["input_tokens"] == sum(x["usage"]["input_tokens"] for x in body["results"])
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"questions": {"u": URGENT}}, ["body", "state"]),
+        ({"state": "x"}, ["body", "questions"]),
+        ({"state": "x", "questions": {}}, ["body", "questions"]),
+        ({"state": None, "questions": {"u": URGENT}}, ["body", "state"]),
+        ({"state": 5, "questions": {"u": URGENT}}, ["body", "state"]),
+        ({"state": "x", "questions": {"q": {"instructions": "x"}}}, ["body", "questions", "q", "type"]),
+        ({"state": "x", "questions": {"q": {"type": "essay"}}}, ["body", "questions", "q", "type"]),
+        ({"state": "x", "questions": {"q": {"type": "choice", "instructions": "x"}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "choice", "criteria": {str(i): None for i in range(256)}}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "score", "criteria": {"0": "a", "1": "b"}}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}},
+         ["body", "questions", "q", "criteria"]),
+        ({"state": "x", "questions": {"q": {"type": "noul", "criteria": {"maybe": "x"}}}},
+         ["body", "questions", "q", "criteria", "maybe"]),
+        ({"state": "x", "questions": {"q": {"type": "noul", "instructions": 5}}},
+         ["body", "questions", "q", "instructions"]),
+        ({"state": "x", "questions": ["not", "a", "map"]}, ["body", "questions"]),
+        ({"state": "x", "questions": {"q": "noul"}}, ["body", "questions", "q"]),
+        ({"state": "x", "model": 7, "questions": {"u": URGENT}}, ["body", "model"]),
+    ],
+)
+def test_schema_errors_are_fastapi_shaped_422(server, body, loc):
+    r = post(server, body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert isinstance(detail, list) and detail[0]["loc"] == loc
+    assert isinstance(detail[0]["msg"], str) and isinstance(detail[0]["type"], str)
+    assert r.headers["x-typesafe-request-id"]
+
+
+def test_bad_json_and_non_object(server):
+    r = httpx.post(server.url + "/v1/systemone", content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+    assert post(server, ["a", "list"]).status_code == 422
+    assert httpx.post(server.url + "/v1/systemone", content=b"\xff\xfe").status_code == 422
+
+
+def test_markers_that_do_not_fit_are_refused(server):
+    options = {f"option number {i} with a rather long name": f"description {i}" for i in range(120)}
+    r = post(server, {"state": "x", "questions": {"big": {"type": "choice", "instructions": "x", "criteria": options}}})
+    assert r.status_code == 422
+    assert "option markers fit" in r.json()["detail"][0]["msg"]
+    assert r.json()["detail"][0]["loc"] == ["body", "questions", "big"]
+
+
+def test_unknown_model_is_404(server):
+    r = post(server, {"model": "gpt-4", "state": "x", "questions": {"u": URGENT}})
+    assert r.status_code == 404
+    assert r.json()["detail"]["error_type"] == "api_usage_error" and "gpt-4" in r.json()["detail"]["message"]
+
+
+def test_token_budget(server):
+    big = "refund " * 70000
+    r = post(server, {"state": big, "questions": {"u": URGENT}})
+    assert r.status_code == 413 and r.json()["detail"]["error_type"] == "max_tokens_exceeded"
+
+
+def test_compressed_bodies(server):
+    import zstandard
+
+    raw = json.dumps({"state": STATE, "questions": {"u": URGENT}}).encode()
+    for encoding, data in (("zstd", zstandard.ZstdCompressor().compress(raw)), ("gzip", gzip.compress(raw))):
+        r = httpx.post(server.url + "/v1/systemone", content=data,
+                       headers={"content-type": "application/json", "content-encoding": encoding})
+        assert r.status_code == 200, (encoding, r.text)
+    bomb = zstandard.ZstdCompressor(level=19).compress(b" " * (64 * 1024 * 1024))
+    r = httpx.post(server.url + "/v1/systemone", content=bomb, headers={"content-encoding": "zstd"})
+    assert r.status_code == 413
+    r = httpx.post(server.url + "/v1/systemone", content=gzip.compress(b"[" * (20 * 1024 * 1024)),
+                   headers={"content-encoding": "gzip"})
+    assert r.status_code == 413
+    r = httpx.post(server.url + "/v1/systemone", content=b"xx", headers={"content-encoding": "br"})
+    assert r.status_code == 415
+    r = httpx.post(server.url + "/v1/systemone", content=b"not zstd", headers={"content-encoding": "zstd"})
+    assert r.status_code == 400
+
+
+def test_body_too_large(server):
+    r = httpx.post(server.url + "/v1/systemone", content=b" " * (9 * 1024 * 1024))
+    assert r.status_code == 413
+
+
+def test_auth(keyed, caplog):
+    body = {"state": "x", "questions": {"u": URGENT}}
+    with caplog.at_level(logging.DEBUG):
+        missing = post(keyed, body)
+        wrong = post(keyed, body, headers={"Authorization": "Bearer nope"})
+        right = post(keyed, body, headers={"Authorization": f"Bearer {KEY}"})
+    assert missing.status_code == 403 and missing.json()["detail"]["error_type"] == "authentication_error"
+    assert wrong.status_code == 401 and wrong.json()["detail"]["error_type"] == "authentication_error"
+    assert right.status_code == 200
+    assert KEY not in caplog.text
+    assert httpx.get(keyed.url + "/v1/models").status_code == 403
+    assert httpx.get(keyed.url + "/health").status_code == 200
+
+
+def test_official_sdk_with_zstd(keyed, model):
+    from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
+
+    with TypeSafeClient(api_key=KEY, base_url=keyed.url, compression="zstd") as client:
+        result = client.system_one(
+            state="x " * 400 + STATE,  # over 1 kB: the SDK compresses it
+            questions={"u": Noul(instructions="Urgent?"),
+                       "t": Choice(instructions="Which team?", criteria={"billing": "refunds", "sales": None}),
+                       "a": Score(instructions="How angry?", criteria=["calm", "annoyed", "furious"])},
+        )
+        assert 0 <= result.nouls["u"].noul <= 1
+        assert result.choices["t"].choice in ("billing", "sales")
+        assert set(result.scores["a"].probabilities) == {0, 1, 2}
+        assert result.usage.input_tokens > 0
+        assert result.request_id
+        assert result.model == model.name
+        models = client.models.list()
+        assert "jev-latest" in [m.name for m in models.models]
+
+
+def test_pydantic_ai_typesafe_and_system_one_models(keyed):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+    from pydantic_ai import Agent
+    from pydantic_ai.models.system_one import SystemOneModel
+    from pydantic_ai.models.typesafe import TypeSafeModel
+    from pydantic_ai.providers.system_one import SystemOneProvider
+    from pydantic_ai.providers.typesafe import TypeSafeProvider
+
+    class Ticket(BaseModel):
+        """Triage a support ticket."""
+
+        team: Literal["billing", "sales", "support"] = Field(description="Which team should handle it?")
+        urgent: bool = Field(description="Does it need action today?")
+
+    for model in (TypeSafeModel("jev-latest", provider=TypeSafeProvider(api_key=KEY, base_url=keyed.url)),
+                  SystemOneModel("jev-latest", provider=SystemOneProvider(base_url=keyed.url, api_key=KEY))):
+        result = Agent(model, output_type=Ticket).run_sync(STATE)
+        assert isinstance(result.output, Ticket)
+        assert result.output.team in ("billing", "sales", "support")
+
+
+def test_jev_lite(keyed):
+    from jev_lite import TypeSafe
+
+    with TypeSafe(api_key=KEY, base_url=keyed.url) as client:
+        result = client.system_one.create(
+            state=STATE, model="jev-latest",
+            questions={"u": {"type": "noul", "instructions": "Urgent?", "criteria": None},
+                       "t": {"type": "choice", "instructions": None, "criteria": {"billing": None, "sales": None}}},
+        )
+        assert 0 <= result.answers["u"].noul <= 1
+        assert result.answers["t"].choice in ("billing", "sales")
+        assert result.request_id
