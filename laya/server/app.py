@@ -174,14 +174,20 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         raw = await read_body(request, config.max_body_bytes)
         return parse_json(decode(raw, request.headers.get("content-encoding"), config.max_body_bytes))
 
+    def overloaded(detail: str) -> ApiError:
+        return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry shortly",
+                           {"Retry-After": str(config.retry_after_s)})
+
     async def answer(request: Request, name: str, states: list[Any], questions: dict) -> list[dict]:
-        engine = served.engines[name]
+        engine, batcher = served.engines[name], served.batchers[name]
+        if batcher.full:  # refuse before tokenising: under overload a 429 must cost next to nothing
+            raise overloaded(f"{batcher.pending} requests waiting for {name}")
         try:
             job = await run_in_threadpool(engine.prepare, states, questions)
         except QuestionError as exc:
             raise question_error(exc) from exc
         request.state.log.update(model=name, questions=len(questions), states=len(states))
-        task = asyncio.ensure_future(served.batchers[name].submit(job))
+        task = asyncio.ensure_future(batcher.submit(job))
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.05)
             if done:
@@ -193,8 +199,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         try:
             results, timing = task.result()
         except Overloaded as exc:
-            raise usage_error(429, "rate_limit_error", f"too many requests in flight ({exc}); retry shortly",
-                              {"Retry-After": str(config.retry_after_s)}) from exc
+            raise overloaded(str(exc)) from exc
         except InferenceFailed as exc:
             raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
         request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),

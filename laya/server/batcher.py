@@ -63,10 +63,14 @@ class MicroBatcher:
                 await self._task
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.max_pending
+
     async def submit(self, job: Any) -> tuple[list[dict], Timing]:
         if self._queue is None:
             raise RuntimeError("batcher not started")
-        if self.pending >= self.max_pending:
+        if self.full:
             raise Overloaded(f"{self.pending} requests are already waiting for {self.engine.name}")
         future = asyncio.get_running_loop().create_future()
         self.pending += 1

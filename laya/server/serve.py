@@ -12,6 +12,10 @@ from typing import Any
 from laya.server.app import ServerConfig, create_app
 
 CONFIG_ENV = "LAYA_SERVE_CONFIG"
+# Longer than most clients' pool idle time: a server closing an idle keep-alive connection while a
+# client reuses it makes that request fail at the connection level.
+KEEP_ALIVE_S = 65
+BACKLOG = 2048
 log = logging.getLogger("laya.server")
 
 
@@ -86,6 +90,7 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
         os.environ[CONFIG_ENV] = json.dumps({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
                                              "threads": options.threads, "server": asdict(options.server)})
         uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    log_level="warning")
+                    log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     else:
-        uvicorn.run(build_app(options), host=host, port=port, log_level="warning")
+        uvicorn.run(build_app(options), host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S,
+                    backlog=BACKLOG)
