@@ -166,8 +166,9 @@ def main() -> int:
         print(f"overload      : aimed at {rate:.0f} req/s (4x capacity) for {args.seconds:.0f} s; sent {sent} "
               f"requests = {sent / args.seconds:.0f} req/s offered ({sent / args.seconds / capacity:.1f}x capacity)")
         print(f"  statuses    : {dict(sorted(statuses.items(), key=str))}")
-        print(f"  server RSS  : start {memory[0]:.0f} MB, end {memory[-1]:.0f} MB, max {max(memory):.0f} MB; every 10 s: "
-              + " ".join(f"{m:.0f}" for m in memory[::10]))
+        trace = " ".join(f"{m:.0f}" for m in memory[::10])
+        print(f"  server RSS  : start {memory[0]:.0f} MB, end {memory[-1]:.0f} MB, max {max(memory):.0f} MB; "
+              f"every 10 s: {trace}")
         metrics = httpx.get(base + "/metrics").text
         for line in metrics.splitlines():
             if line.startswith(("laya_batch_jobs_sum", "laya_batch_jobs_count")):

@@ -55,6 +55,7 @@ class SystemOneRequest:
     model: str | None
     state: Any
     questions: dict[str, Any]
+    reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
 
 
 def _check_question(qid: str, spec: Any, errors: list[dict]) -> None:
@@ -169,9 +170,12 @@ def parse_systemone(body: Any, *, batch: bool = False) -> SystemOneRequest:
             if not qid:
                 errors.append(_err(["questions", qid], "question ids must not be empty", "value_error"))
             _check_question(qid, spec, errors)
+    reuse = body.get("reuse_prefix")
+    if reuse is not None and not isinstance(reuse, bool):
+        errors.append(_err(["reuse_prefix"], "Input should be a valid boolean", "bool_type"))
     if errors:
         raise ApiError(422, errors)
-    return SystemOneRequest(model=model, state=state, questions=questions)
+    return SystemOneRequest(model=model, state=state, questions=questions, reuse_prefix=reuse is not False)
 
 
 def question_error(exc: QuestionError) -> ApiError:

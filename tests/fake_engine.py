@@ -21,7 +21,7 @@ class ScriptedEngine:
         self.executed: list[Any] = []
         self.lock = threading.Lock()
 
-    def prepare(self, states: list[Any], questions: dict[str, Any]) -> dict:
+    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> dict:
         if "crash" in states:
             raise KeyError("an unexpected bug")
         return {"states": states, "questions": parse_questions(questions)}

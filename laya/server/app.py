@@ -178,12 +178,12 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry shortly",
                            {"Retry-After": str(config.retry_after_s)})
 
-    async def answer(request: Request, name: str, states: list[Any], questions: dict) -> list[dict]:
+    async def answer(request: Request, name: str, states: list[Any], questions: dict, **options: Any) -> list[dict]:
         engine, batcher = served.engines[name], served.batchers[name]
         if batcher.full:  # refuse before tokenising: under overload a 429 must cost next to nothing
             raise overloaded(f"{batcher.pending} requests waiting for {name}")
         try:
-            job = await run_in_threadpool(engine.prepare, states, questions)
+            job = await run_in_threadpool(engine.prepare, states, questions, **options)
         except QuestionError as exc:
             raise question_error(exc) from exc
         request.state.log.update(model=name, questions=len(questions), states=len(states))
@@ -217,7 +217,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         body = await read_json(request)
         req = parse_systemone(body)
         name = resolve(req.model)
-        (result,) = await answer(request, name, [req.state], req.questions)
+        (result,) = await answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix)
         return JSONResponse(result)
 
     @app.post("/v1/systemone/batch", openapi_extra={"requestBody": {"required": True, "content": {
@@ -230,7 +230,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             raise ApiError(422, [{"loc": ["body", "states"], "type": "too_long",
                                   "msg": f"at most {config.max_batch_states} states per batch"}])
         name = resolve(req.model)
-        results = await answer(request, name, req.state, req.questions)
+        results = await answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix)
         total = sum(r["usage"]["input_tokens"] for r in results)
         return JSONResponse({"model": name, "results": results,
                              "total_usage": {"input_tokens": total, "output_tokens": 0}})

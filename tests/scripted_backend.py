@@ -1,0 +1,60 @@
+"""A scripted decide backend: its logits are a pure function of the token sequence it holds."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+BOS, MERGED_AB = 62, 61
+
+
+class ScriptedBackend:
+    """Characters are tokens (code % 60), except that "ab" merges into one token, so a merge across
+    the prefix/suffix join can be provoked; prompts start with a BOS."""
+
+    n_vocab = 64
+
+    def __init__(self, n_ctx: int = 400, templated: bool = True):
+        self.n_ctx = n_ctx
+        self.templated = templated
+        self.seq: list[int] = []
+        self.prefill_calls: list[list[int]] = []
+
+    def render(self, message: str) -> str:
+        return f"<u>{message}</u><a>" if self.templated else message
+
+    def tokenize(self, text: str, *, prompt: bool) -> list[int]:
+        out, i = ([BOS] if prompt else []), 0
+        while i < len(text):
+            if text.startswith("ab", i):
+                out.append(MERGED_AB)
+                i += 2
+            else:
+                out.append(ord(text[i]) % 60)
+                i += 1
+        return out
+
+    def reset(self) -> None:
+        self.seq = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.seq)
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.prefill_calls.append(list(tokens))
+        self.seq = self.seq + list(tokens)
+
+    def last_logits(self) -> np.ndarray:
+        seed = zlib.crc32(bytes(t % 256 for t in self.seq) + len(self.seq).to_bytes(4, "little"))
+        return (3.0 * np.random.default_rng(seed).standard_normal(self.n_vocab)).astype(np.float32)
+
+    def save_state(self):
+        return tuple(self.seq)
+
+    def load_state(self, state) -> None:
+        self.seq = list(state)
+
+    def state_nbytes(self, state) -> int:
+        return 4 * len(state)

