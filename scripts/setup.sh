@@ -20,6 +20,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing torch (CPU)"
     .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
 fi
-echo "setup: installing laya with its extras"
-.venv/bin/pip install -q --disable-pip-version-check -e ".[torch,serve,dev]"
+echo "setup: installing laya with its extras (llama-cpp-python compiles llama.cpp on first install: minutes)"
+# A portable llama.cpp build; pip caches the wheel, so later setups are quick.
+CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" \
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,serve,llama,dev]"
 echo "setup: ready (.venv)"

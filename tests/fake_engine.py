@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+from laya.errors import QuestionError
 from laya.questions import parse_questions
 
 
@@ -33,6 +34,8 @@ class ScriptedEngine:
         time.sleep(self.delay)
         if any(s == "boom" for job in jobs for s in job["states"]):
             raise RuntimeError("scripted failure")
+        if any(s == "refuse" for job in jobs for s in job["states"]):
+            raise QuestionError("refused while running", qid="u")
         with self.lock:
             self.executed.extend(s for job in jobs for s in job["states"])
         return [[{"model": self.name, "answers": {q.qid: {"type": "noul", "noul": 0.5} for q in job["questions"]},

@@ -82,6 +82,13 @@ def test_an_internal_failure_is_a_500_and_isolated():
     assert after.status_code == 200
 
 
+def test_a_refusal_found_while_running_is_a_422_for_that_request_only():
+    with LiveServer(create_app(lambda: [ScriptedEngine(delay=0.05)], ServerConfig(max_wait_ms=30))) as live:
+        responses = asyncio.run(fire(live.url, [{"state": s, "questions": {"u": URGENT}} for s in ("a", "refuse")]))
+    assert [r.status_code for r in responses] == [200, 422]
+    assert "refused while running" in responses[1].json()["detail"][0]["msg"]
+
+
 def test_an_unexpected_exception_is_a_500_with_body_and_request_id(caplog):
     with LiveServer(create_app(lambda: [ScriptedEngine()])) as live:
         r = httpx.post(live.url + "/v1/systemone", json={"state": "crash", "questions": {"u": URGENT}})

@@ -80,11 +80,19 @@ class DecideModel:
         return [choice_by_names(q, self.style) if names else choice_by_letters(q, self.style)]
 
     def prepare(self, states: list[Any], questions: Mapping[str, Any]) -> tuple[list[Any], list[Question]]:
+        """Validate everything a decision would refuse, before anything is queued or prefilled."""
         parsed = parse_questions(questions)
-        for q in parsed:
-            self.readouts(q)
+        reads = {q.qid: self.readouts(q) for q in parsed}
         for state in states:
             check_state(state)
+            prefix = prefix_for(state)
+            for q in parsed:
+                longest = max(len(self.backend.tokenize(self.backend.render(prefix + r.suffix), prompt=True))
+                              for r in reads[q.qid])
+                if longest > self.backend.n_ctx:
+                    raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens; the model's "
+                                        f"context holds {self.backend.n_ctx}", qid=q.qid,
+                                        error_type="max_tokens_exceeded")
         return list(states), parsed
 
     def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True) -> dict[str, Any]:

@@ -200,6 +200,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             results, timing = task.result()
         except Overloaded as exc:
             raise overloaded(str(exc)) from exc
+        except QuestionError as exc:
+            raise question_error(exc) from exc
         except InferenceFailed as exc:
             raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
         request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),

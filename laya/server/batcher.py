@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.errors import QuestionError
+
 log = logging.getLogger("laya.server")
 
 
@@ -108,6 +110,14 @@ class MicroBatcher:
         started = time.perf_counter()
         try:
             results = await loop.run_in_executor(self._executor, self.engine.execute, [it.job for it in items])
+        except QuestionError as exc:  # a refusal found while running: the caller's mistake, not ours
+            if len(items) > 1:
+                for it in items:
+                    await self._run(loop, [it])
+                return
+            if not items[0].future.done():
+                items[0].future.set_exception(exc)
+            return
         except Exception:
             if len(items) > 1:  # isolate the failure: one bad job must not fail its batch company
                 for it in items:
