@@ -21,7 +21,7 @@ __all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUna
 
 def load(
     model: str | os.PathLike,
-    runtime: str = "torch",
+    runtime: str | None = None,
     *,
     revision: str | None = None,
     subfolder: str | None = None,
@@ -35,12 +35,17 @@ def load(
     `model` is a local folder, a registered name (pinned revision and weights digest) or a Hub id
     (`subfolder`, `revision` optional). `sha256` is the weights' digest, or a map of relative paths
     to digests, checked before anything is parsed. `local_only` never contacts the Hub.
+    `runtime` defaults to `torch` for a checkpoint and to the bundle's own runtime for an exported
+    bundle; runtime options (`threads`, `precision`, `force`, ...) go to the runtime.
     """
     from laya.loading import load_model_checkpoint
     from laya.runtimes import create_runtime
 
-    checkpoint, default_name = load_model_checkpoint(
+    checkpoint, default_name, bundle_kind = load_model_checkpoint(
         model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only
     )
+    if bundle_kind is not None and runtime not in (None, bundle_kind):
+        raise CheckpointError(f"{model} is a {bundle_kind} bundle; load it with runtime={bundle_kind!r}")
+    runtime = runtime or bundle_kind or "torch"
     runtime_impl = create_runtime(runtime, checkpoint, **runtime_options)
     return Model(checkpoint, runtime_impl, name=name or default_name)

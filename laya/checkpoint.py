@@ -147,6 +147,21 @@ class Checkpoint:
         """Digest of the weights file: the identity of exported bundles and caches."""
         return sha256_of(self.path / WEIGHTS_FILE)
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """Digest of everything that decides the answers: weights, both configs and the tokenizer.
+
+        Two checkpoints can share weights and differ in config (RoPE thetas) or tokenizer, so a cache
+        of exported bundles must be keyed by this, never by the weights alone.
+        """
+        digest = hashlib.sha256(self.sha256.encode())
+        for rel in (CONFIG_FILE, ENCODER_CONFIG):
+            digest.update(rel.encode() + (self.path / rel).read_bytes())
+        for path in sorted((self.path / TOKENIZER_DIR).rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(self.path)).encode() + path.read_bytes())
+        return digest.hexdigest()
+
     def encoder_weights(self) -> dict[str, np.ndarray]:
         return {k[len("encoder.") :]: v for k, v in self.weights.items() if k.startswith("encoder.")}
 
@@ -155,8 +170,13 @@ class Checkpoint:
         return int(sum(v.size for k, v in self.weights.items() if k != "temperature"))
 
 
-def load_checkpoint(folder: Path, *, sha256: Mapping[str, str] | None = None, source: str = "") -> Checkpoint:
-    """Load a checkpoint folder strictly; `sha256` maps relative paths to digests checked first."""
+def load_checkpoint(
+    folder: Path, *, sha256: Mapping[str, str] | None = None, source: str = "", weights: bool = True
+) -> Checkpoint:
+    """Load a checkpoint folder strictly; `sha256` maps relative paths to digests checked first.
+
+    `weights=False` reads configs and tokenizer only (a runtime bundle carries its own graph).
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a checkpoint folder")
@@ -175,8 +195,8 @@ def load_checkpoint(folder: Path, *, sha256: Mapping[str, str] | None = None, so
             f"{folder / ENCODER_CONFIG}: hidden_size {encoder.hidden_size} is not a multiple of 64 "
             "(the decision head uses heads of 64)"
         )
-    weights = read_weights(folder / WEIGHTS_FILE, checkpoint_tensors(config, encoder))
+    tensors = read_weights(folder / WEIGHTS_FILE, checkpoint_tensors(config, encoder)) if weights else {}
     return Checkpoint(
-        path=folder, config=config, encoder=encoder, tokenizer=tokenizer, weights=weights,
+        path=folder, config=config, encoder=encoder, tokenizer=tokenizer, weights=tensors,
         source=source or str(folder),
     )

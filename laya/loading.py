@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from laya.bundle import is_bundle, read_manifest
 from laya.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint
 from laya.errors import CheckpointError
 from laya.models.registry import lookup
@@ -47,6 +48,14 @@ def resolve(
     )
 
 
-def load_model_checkpoint(model: str | os.PathLike, **kwargs: Any) -> tuple[Checkpoint, str]:
+def load_model_checkpoint(model: str | os.PathLike, **kwargs: Any) -> tuple[Checkpoint, str, str | None]:
+    """The checkpoint, its display name, and the runtime kind if `model` is a runtime bundle."""
     folder, digests, name = resolve(model, **kwargs)
-    return load_checkpoint(folder, sha256=digests, source=os.fspath(model)), name
+    if is_bundle(folder):
+        manifest = read_manifest(folder)
+        checkpoint = load_checkpoint(folder, sha256=digests, source=manifest.get("source", os.fspath(model)),
+                                     weights=False)
+        checkpoint.__dict__["sha256"] = manifest.get("source_sha256", "")
+        checkpoint.__dict__["fingerprint"] = manifest.get("fingerprint", "")
+        return checkpoint, name, manifest.get("kind")
+    return load_checkpoint(folder, sha256=digests, source=os.fspath(model)), name, None

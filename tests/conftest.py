@@ -11,6 +11,21 @@ from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
 GOLDEN = Path(__file__).parent / "golden"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def bundle_cache(tmp_path_factory):
+    """Runtimes that export on first use (ONNX) cache into a folder of the test session, not ~/.cache."""
+    import os
+
+    folder = tmp_path_factory.mktemp("laya-cache")
+    old = os.environ.get("LAYA_CACHE")
+    os.environ["LAYA_CACHE"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("LAYA_CACHE", None)
+    else:
+        os.environ["LAYA_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def checkpoint_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", TestCheckpointSpec())
@@ -21,7 +36,7 @@ def mmbert_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny-mm", TestCheckpointSpec(flavour="mmbert"))
 
 
-def load_quiet(path, runtime: str = "torch", **kwargs):
+def load_quiet(path, runtime: str | None = None, **kwargs):
     """Load a generated checkpoint; its deliberate out-of-range temperature warns at every load."""
     import laya
 

@@ -23,6 +23,7 @@ class ParityTarget:
     options: dict[str, Any] = field(default_factory=dict)
     max_dp: float = 1e-4
     label: str = ""
+    gated: bool = False  # an export gate decides whether the bound is promised (int8)
 
     @property
     def id(self) -> str:
@@ -36,6 +37,10 @@ class ParityTarget:
 
 TARGETS = [
     ParityTarget("torch", label="torch-fp32"),
+    ParityTarget("onnx", {"precision": "fp32"}, label="onnx-fp32"),
+    # int8: a bundle is only usable when its export gate passed (max |dp| <= 0.05 on the gate's fixed
+    # rows); on arbitrary inputs its documented bound is 0.1, with no flip past twice that margin.
+    ParityTarget("onnx", {"precision": "int8", "force": True}, max_dp=0.1, label="onnx-int8", gated=True),
 ]
 
 

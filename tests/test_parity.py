@@ -17,7 +17,7 @@ from conftest import GOLDEN, load_quiet
 from parity_targets import REFERENCE, installed_targets
 
 from laya.encoder.rows import build_rows
-from laya.errors import QuestionError
+from laya.errors import CheckpointError, QuestionError
 from laya.questions import parse_questions
 
 RECORD = json.loads((GOLDEN / "answers.json").read_text(encoding="utf-8"))
@@ -81,11 +81,34 @@ def load_golden_tokenizer_model(name: str):
     return _REFERENCE_MODELS[name]
 
 
+def gate_passed(model) -> bool:
+    return bool(getattr(model.runtime, "manifest", {}).get("gate", {}).get("passed"))
+
+
+def check_gated(target, model, compare) -> bool:
+    """For a gated target whose gate failed: loading without force is refused, and the gate's own
+    figures show why (beyond its recorded bounds). Returns whether the target's bound applies."""
+    if not target.gated or gate_passed(model):
+        return True
+    options = {k: v for k, v in target.options.items() if k != "force"}
+    with pytest.raises(CheckpointError, match="failed its accuracy gate"):
+        load_quiet(model.checkpoint.path, target.runtime, **options)
+    gate = model.runtime.manifest["gate"]
+    bounds = gate["bounds"]
+    assert (gate["max_dp"] > bounds["max_dp"] or gate["argmax_agreement"] < bounds["argmax_agreement"]
+            or gate["batch_dependence_max_dp"] > bounds["batch_dependence_max_dp"])
+    compare()
+    return False
+
+
 def test_golden_answers(golden_target):
     target, models = golden_target
     worst, compared = 0.0, 0
+    held = {name: check_gated(target, m, lambda: None) for name, m in models.items()}
     for case in CASES:
         model = models[case["checkpoint"]]
+        if not held[case["checkpoint"]]:
+            continue
         where = f"{case['checkpoint']}:{case['id']}"
         if "error" in case:
             with pytest.raises(QuestionError, match="option markers fit"):
@@ -104,7 +127,9 @@ def test_golden_answers(golden_target):
                 assert got["score"] == pytest.approx(expected["score"], abs=10 * target.max_dp), where
             assert got["x_act_probability"] == pytest.approx(expected["action"]["act_probability"],
                                                              abs=max(1e-4, 10 * target.max_dp)), where
-    print(f"\n{target.id}: {compared} golden answers, max |dp| {worst:.2e}")
+    kept = sorted(n for n in held if held[n])
+    print(f"\n{target.id}: {compared} golden answers, max |dp| {worst:.2e}; gate passed on {kept}")
+    assert any(held.values()), "no golden checkpoint passed this target's gate"
 
 
 def reference_cases(seed: int, n: int = 12) -> list[tuple[object, dict]]:
@@ -137,6 +162,8 @@ def test_against_reference(target, flavour, request):
     folder = request.getfixturevalue(flavour)
     reference = load_quiet(folder, REFERENCE)
     model = load_quiet(folder, target.runtime, **target.options)
+    if not check_gated(target, model, lambda: None):
+        return
     cases = reference_cases(seed={"checkpoint_dir": 1, "mmbert_dir": 2}[flavour])
     states = [s for s, _ in cases]
     for (state, questions), want in zip(cases, [reference.predict(s, q) for s, q in cases]):

@@ -31,6 +31,7 @@ class Runtime(Protocol):
 # name -> (module, class, the import that must succeed for it to be available)
 RUNTIMES: dict[str, tuple[str, str, str]] = {
     "torch": ("laya.runtimes.pytorch", "TorchRuntime", "torch"),
+    "onnx": ("laya.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
 }
 
 

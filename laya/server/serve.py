@@ -38,7 +38,7 @@ class ModelSpec:
 @dataclass
 class ServeOptions:
     models: list[ModelSpec] = field(default_factory=list)
-    runtime: str = "torch"
+    runtime: str | None = None  # laya checkpoints: torch unless told (a bundle picks its own)
     threads: int | None = None
     n_ctx: int = 4096  # decide engine context
     prefix_cache: str = "auto"  # decide engine kept state: auto | on | off

@@ -1,0 +1,255 @@
+"""`laya export onnx`: a checkpoint to an ONNX bundle that runs with no torch installed.
+
+One graph, inputs `input_ids, attention_mask, marker_pos, marker_mask, qtype` and outputs
+`logits, act_logits`, dynamic in batch, length and marker count (exported with a batch of 2 rows so
+nothing is specialised to batch 1). The int8 variant quantises the encoder's matmuls dynamically
+and is gated against fp32 on fixed decision rows; the gate's figures go into the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from laya.checkpoint import Checkpoint
+
+OPSET = 18
+INPUTS = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
+OUTPUTS = ["logits", "act_logits"]
+
+
+def _export_module(checkpoint: Checkpoint):
+    """The reference network with a batched head tail (the same maths, traceable shapes)."""
+    import torch
+    from torch import nn
+
+    from laya.runtimes.pytorch import MASKED_LOGIT, TorchRuntime
+
+    net = TorchRuntime(checkpoint).net
+
+    class ExportNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
+            n = self.net
+            h = n.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            h = h + n.type_emb(qtype)[:, None, :]
+            keep = attention_mask.bool()[:, None, None, :]
+            for layer in n.head.layers:
+                h = layer(h, keep)
+            m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
+            logits = n.scorer(m).squeeze(-1).float().masked_fill(~marker_mask, MASKED_LOGIT)
+            p = torch.softmax(logits, -1)
+            k = marker_mask.sum(-1).clamp(min=2).float()
+            entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
+            top = p.topk(2, -1).values  # the runtime pads the marker axis to at least 2 slots
+            feats = torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy, k / 255.0], -1)
+            return logits, n.act_head(torch.cat([h[:, 0].float(), feats], -1))
+
+    return ExportNet().eval()
+
+
+def _example(checkpoint: Checkpoint):
+    """Two rows (so nothing specialises to batch 1) with 3 and 2 markers."""
+    import torch
+
+    from laya.encoder.batch import collate
+    from laya.encoder.rows import build_rows
+    from laya.questions import parse_questions
+
+    questions = parse_questions({"a": {"type": "choice", "instructions": "Which one?", "criteria": ["x", "y", "z"]},
+                                 "b": {"type": "noul", "instructions": "Is it?"}})
+    tok = checkpoint.tokenizer
+    rows = build_rows(tok, "an example state for tracing the graph", questions, checkpoint.config.max_len,
+                      checkpoint.config.head_max_len)
+    batch = collate(rows, tok.pad_id)
+    return tuple(torch.from_numpy(getattr(batch, name)) for name in INPUTS)
+
+
+def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
+    import torch
+
+    module = _export_module(checkpoint)
+    example = _example(checkpoint)
+    batch, length, markers = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2), \
+        torch.export.Dim("markers", min=2)
+    shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length},
+              "marker_pos": {0: batch, 1: markers}, "marker_mask": {0: batch, 1: markers}, "qtype": {0: batch}}
+    import logging
+    import warnings
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on axis names and deprecations
+        program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=shapes, input_names=INPUTS,
+                                    output_names=OUTPUTS, opset_version=OPSET, optimize=True, verbose=False)
+    program.save(str(path), external_data=False)
+    _strip_stack_traces(path)
+
+
+def _strip_stack_traces(path: Path) -> None:
+    """Keep only each node's module namespace (used to pick the int8 nodes). The exporter's other
+    notes vary between runs and checkouts: Python stack traces name files and lines, and the FX
+    text names whichever of two equal buffers it deduplicated to."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    for node in graph.graph.node:
+        keep = [(p.key, p.value) for p in node.metadata_props if p.key == "namespace"]
+        del node.metadata_props[:]
+        for key, value in keep:
+            node.metadata_props.add(key=key, value=value)
+    onnx.save(graph, str(path))
+
+
+# The int8 gate: measured on fixed decision rows against the fp32 graph, recorded in the manifest.
+INT8_MAX_DP = 0.05  # largest change of any answer probability
+INT8_MIN_AGREEMENT = 0.95  # share of rows with the same top answer
+INT8_MAX_BATCH_DP = 0.01  # largest change between a row alone and the same row in a full batch
+
+
+def gate_batches(checkpoint: Checkpoint):
+    """Fixed, varied decision rows: every type, 2 to 12 options, short to long states."""
+    import random
+
+    from laya.encoder.rows import build_rows
+    from laya.questions import parse_questions
+
+    rng = random.Random(1234)
+    words = ["refund", "invoice", "order", "late", "angry", "happy", "billing", "shipping", "login", "password",
+             "cancel", "upgrade", "thanks", "broken", "urgent", "price"]
+    rows = []
+    for i in range(8):
+        state = " ".join(rng.choice(words) for _ in range(rng.randint(3, 150)))
+        labels = rng.sample(words, 2 + i % 11)
+        questions = parse_questions({
+            "c": {"type": "choice", "instructions": " ".join(rng.sample(words, 5)),
+                  "criteria": {w: " ".join(rng.sample(words, 3)) for w in labels}},
+            "s": {"type": "score", "instructions": "how much", "criteria": rng.sample(words, 2 + i % 9)},
+            "n": {"type": "noul", "instructions": " ".join(rng.sample(words, 4))},
+        })
+        rows += [(q, r) for q, r in zip(questions, build_rows(checkpoint.tokenizer, state, questions,
+                                                              checkpoint.config.max_len,
+                                                              checkpoint.config.head_max_len))]
+    return rows
+
+
+def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> dict[str, Any]:
+    """int8 against fp32 on fixed rows, both run the way the runtime runs them.
+
+    `batch_dependence_max_dp` compares each row's int8 answer inside one forward call of all rows with
+    the row alone (the runtime runs int8 rows one by one, so this is 0 unless that breaks);
+    `padded_batch_max_dp` shows the drift a padded int8 batch would have had, for information.
+    """
+    from laya.calibration.temperatures import Temperatures
+    from laya.encoder.batch import collate
+    from laya.heads.decode import probabilities
+    from laya.runtimes.onnx import OnnxRuntime
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the checkpoint's own clamp was reported when it was loaded
+        temps = Temperatures.from_raw(checkpoint.config.temperature, checkpoint.config.temperature_by_options,
+                                      source="gate")
+    pairs = gate_batches(checkpoint)
+    rows = [r for _, r in pairs]
+    pad = checkpoint.tokenizer.pad_id
+
+    def answers(forward, subset_indices):
+        logits, _ = forward(collate([rows[i] for i in subset_indices], pad))
+        return [probabilities(logits[j, : len(rows[i].markers)],
+                              temps.for_question(pairs[i][0].qtype, pairs[i][0].n_options))
+                for j, i in enumerate(subset_indices)]
+
+    fp32 = OnnxRuntime.from_graph(fp32_path, "fp32")
+    int8 = OnnxRuntime.from_graph(int8_path, "int8")
+    every = list(range(len(rows)))
+    ref = answers(fp32.forward, every)
+    together = answers(int8.forward, every)
+    alone = [answers(int8.forward, [i])[0] for i in every]
+    padded = answers(int8._run, every)
+    max_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(ref, alone))
+    agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, alone)) / len(rows)
+    batch_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(together, alone))
+    padded_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(padded, alone))
+    passed = max_dp <= INT8_MAX_DP and agree >= INT8_MIN_AGREEMENT and batch_dp <= INT8_MAX_BATCH_DP
+    return {"rows": len(rows), "max_dp": round(max_dp, 6), "argmax_agreement": round(agree, 4),
+            "batch_dependence_max_dp": round(batch_dp, 6), "padded_batch_max_dp": round(padded_dp, 6),
+            "bounds": {"max_dp": INT8_MAX_DP, "argmax_agreement": INT8_MIN_AGREEMENT,
+                       "batch_dependence_max_dp": INT8_MAX_BATCH_DP},
+            "passed": bool(passed)}
+
+
+def quantize_int8(fp32_path: Path, int8_path: Path) -> int:
+    """Dynamic int8 of the encoder's matmuls only; the decision head and act head stay fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(fp32_path), load_external_data=False)
+    targets = [n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
+               and any(p.key == "namespace" and "net.encoder" in p.value for p in n.metadata_props)]
+    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, nodes_to_quantize=targets,
+                     per_channel=True, extra_options={"MatMulConstBOnly": True})
+    return len(targets)
+
+
+def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write an ONNX bundle into `out` and return its manifest."""
+    from laya.bundle import base_manifest, copy_checkpoint_files, write_manifest
+
+    say = progress or (lambda _msg: None)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    copy_checkpoint_files(checkpoint, out)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_path = Path(tmp) / "fp32.onnx"
+        say("exporting the fp32 graph (torch.export)")
+        export_fp32(checkpoint, fp32_path)
+        manifest = base_manifest(checkpoint, "onnx", "int8" if int8 else "fp32")
+        manifest.update(opset=OPSET, inputs=INPUTS, outputs=OUTPUTS, graph="model.onnx")
+        if int8:
+            say("quantising the encoder's matmuls to int8")
+            int8_path = Path(tmp) / "int8.onnx"
+            manifest["int8_matmuls"] = quantize_int8(fp32_path, int8_path)
+            say("measuring the int8 gate against fp32")
+            manifest["gate"] = measure_gate(checkpoint, fp32_path, int8_path)
+            shutil.copyfile(int8_path, out / "model.onnx")
+        else:
+            shutil.copyfile(fp32_path, out / "model.onnx")
+    manifest["fingerprint"] = checkpoint.fingerprint
+    manifest["graph_sha256"] = hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
+    write_manifest(out, manifest)
+    say(f"done in {time.perf_counter() - started:.1f} s: {out}")
+    return manifest
+
+
+def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """A bundle for `checkpoint`, exported on first use into a cache keyed by the weights' digest."""
+    import os
+
+    root = cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "onnx"
+    folder = root / f"{checkpoint.fingerprint[:16]}-{precision}"
+    if (folder / "manifest.json").is_file():
+        return folder
+    tmp = folder.with_name(folder.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    export_bundle(checkpoint, tmp, int8=precision == "int8", progress=progress)
+    tmp.rename(folder)
+    return folder
+
+
+def main_json(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True)

@@ -1,0 +1,70 @@
+"""Runtime bundles (ONNX, MLX, Core ML) and their one manifest format.
+
+A bundle folder holds the runtime's graph or weights, a copy of the checkpoint's configs and
+tokenizer (so the same rows and decoding apply), and `manifest.json`: format version, source
+checkpoint and its digest, special ids, budgets, temperatures, precision and any gate figures
+measured at export. No timestamps: exporting twice writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from laya.checkpoint import CONFIG_FILE, ENCODER_CONFIG, TOKENIZER_DIR, Checkpoint
+from laya.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+FORMAT = "laya-bundle"
+FORMAT_VERSION = 1
+
+
+def is_bundle(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable bundle manifest ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a laya bundle manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: bundle format version {manifest.get('format_version')!r} is not "
+                              f"supported (this laya reads version {FORMAT_VERSION})")
+    return manifest
+
+
+def base_manifest(checkpoint: Checkpoint, kind: str, precision: str) -> dict[str, Any]:
+    tok, cfg = checkpoint.tokenizer, checkpoint.config
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "precision": precision,
+        "source": checkpoint.source,
+        "source_sha256": checkpoint.sha256,
+        "special_ids": {"cls": tok.cls_id, "sep": tok.sep_id, "mask": tok.mask_id, "pad": tok.pad_id},
+        "max_len": cfg.max_len,
+        "head_max_len": cfg.head_max_len,
+        "temperature": list(cfg.temperature),
+        "temperature_by_options": dict(cfg.temperature_by_options),
+    }
+
+
+def copy_checkpoint_files(checkpoint: Checkpoint, out: Path) -> None:
+    """The configs and tokenizer a runtime needs beside its graph (never the weights)."""
+    (out / "encoder").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(checkpoint.path / CONFIG_FILE, out / CONFIG_FILE)
+    shutil.copyfile(checkpoint.path / ENCODER_CONFIG, out / ENCODER_CONFIG)
+    if (out / TOKENIZER_DIR).exists():
+        shutil.rmtree(out / TOKENIZER_DIR)
+    shutil.copytree(checkpoint.path / TOKENIZER_DIR, out / TOKENIZER_DIR)
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")

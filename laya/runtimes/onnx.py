@@ -1,0 +1,104 @@
+"""`runtime="onnx"`: ONNX Runtime on the CPU, from an exported bundle (no torch needed to run it).
+
+Given a laya checkpoint instead of a bundle, it exports one on first use into a cache keyed by the
+weights' digest (that step needs torch). An int8 bundle whose export gate failed is refused unless
+`force=True`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from laya.bundle import is_bundle, read_manifest
+from laya.checkpoint import Checkpoint
+from laya.encoder.batch import Batch
+from laya.errors import CheckpointError
+
+INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
+PRECISIONS = ("fp32", "int8")
+
+
+def pad_markers(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph's act features take the top two options: give it at least two marker slots."""
+    extra = 2 - feed["marker_pos"].shape[1]
+    if extra <= 0:
+        return feed
+    feed = dict(feed)
+    feed["marker_pos"] = np.pad(feed["marker_pos"], ((0, 0), (0, extra)))
+    feed["marker_mask"] = np.pad(feed["marker_mask"], ((0, 0), (0, extra)))
+    return feed
+
+
+def _session(path: Path, threads: int | None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(threads or 0)
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class OnnxRuntime:
+    name = "onnx"
+
+    def __init__(self, checkpoint: Checkpoint, precision: str = "fp32", threads: int | None = None,
+                 force: bool = False, cache_dir: str | Path | None = None):
+        if precision not in PRECISIONS:
+            raise CheckpointError(f"ONNX precision must be one of {PRECISIONS}, got {precision!r}")
+        if is_bundle(checkpoint.path):
+            folder = checkpoint.path
+        else:
+            from laya.export.onnx import cached_bundle
+
+            folder = cached_bundle(checkpoint, precision, Path(cache_dir) if cache_dir else None)
+        manifest = read_manifest(folder)
+        if manifest.get("kind") != "onnx":
+            raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not an ONNX one")
+        if checkpoint.weights and manifest.get("fingerprint") != checkpoint.fingerprint:
+            raise CheckpointError(f"{folder}: exported from another checkpoint than {checkpoint.path} "
+                                  "(weights, configs or tokenizer differ)")
+        gate = manifest.get("gate")
+        if manifest["precision"] == "int8" and not (gate and gate.get("passed")) and not force:
+            raise CheckpointError(
+                f"{folder}: this int8 bundle failed its accuracy gate at export ({gate}); its answers drift "
+                "from fp32 beyond the documented bound. Use the fp32 bundle, or pass force=True to accept it")
+        self.session = _session(folder / manifest["graph"], threads)
+        self.precision = manifest["precision"]
+        self.manifest = manifest
+        self.folder = folder
+
+    @classmethod
+    def from_graph(cls, path: Path, precision: str, threads: int | None = None) -> OnnxRuntime:
+        """A runtime over a bare graph file (the exporter's gate uses it before the bundle exists)."""
+        runtime = cls.__new__(cls)
+        runtime.session = _session(path, threads)
+        runtime.precision, runtime.manifest, runtime.folder = precision, {}, path.parent
+        return runtime
+
+    def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        if self.precision == "int8":
+            return self._rows_alone(batch)
+        return self._run(batch)
+
+    def _run(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        feed = pad_markers({name: getattr(batch, name) for name in INPUTS})
+        logits, act = self.session.run(["logits", "act_logits"], feed)
+        return logits[:, : batch.n_markers].astype(np.float32, copy=False), act.astype(np.float32, copy=False)
+
+    def _rows_alone(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """Dynamic int8 scales each activation tensor by its own range, padding and other rows included:
+        a padded batch would make a row's answer depend on its company. So each row runs alone, unpadded."""
+        logits = np.full(batch.marker_pos.shape, -1e4, dtype=np.float32)
+        acts = []
+        for i in range(batch.size):
+            n, k = int(batch.attention_mask[i].sum()), int(batch.marker_mask[i].sum())
+            one = Batch(input_ids=batch.input_ids[i : i + 1, :n], attention_mask=batch.attention_mask[i : i + 1, :n],
+                        marker_pos=batch.marker_pos[i : i + 1, :k], marker_mask=batch.marker_mask[i : i + 1, :k],
+                        qtype=batch.qtype[i : i + 1])
+            row_logits, row_act = self._run(one)
+            logits[i, :k] = row_logits[0, :k]
+            acts.append(row_act[0])
+        return logits, np.stack(acts)

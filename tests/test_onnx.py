@@ -1,0 +1,93 @@
+"""ONNX bundles: what they hold, that they are reproducible, run without torch, and gate int8."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import GOLDEN, load_quiet
+
+pytest.importorskip("onnxruntime")
+
+from laya.export.onnx import export_bundle  # noqa: E402
+
+import laya  # noqa: E402
+from laya.checkpoint import load_checkpoint  # noqa: E402
+from laya.errors import CheckpointError  # noqa: E402
+
+SOURCE = GOLDEN / "checkpoints" / "mmbert"
+QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
+             "u": {"type": "noul", "instructions": "Urgent?"}}
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    checkpoint = load_checkpoint(SOURCE)
+    export_bundle(checkpoint, root / "fp32")
+    export_bundle(checkpoint, root / "again")
+    export_bundle(checkpoint, root / "int8", int8=True)
+    return root
+
+
+def test_bundle_contents_and_manifest(bundles):
+    files = sorted(str(p.relative_to(bundles / "fp32")) for p in (bundles / "fp32").rglob("*") if p.is_file())
+    assert files == ["encoder/config.json", "manifest.json", "model.onnx", "rl_agent_config.json",
+                     "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
+    manifest = json.loads((bundles / "fp32" / "manifest.json").read_text())
+    assert manifest["format"] == "laya-bundle" and manifest["format_version"] == 1 and manifest["kind"] == "onnx"
+    assert manifest["precision"] == "fp32" and manifest["opset"] == 18
+    assert manifest["special_ids"] == {"cls": 2, "sep": 1, "mask": 4, "pad": 0}
+    assert (manifest["max_len"], manifest["head_max_len"]) == (256, 96)
+    assert manifest["source_sha256"] == load_checkpoint(SOURCE).sha256
+    gate = json.loads((bundles / "int8" / "manifest.json").read_text())["gate"]
+    assert {"max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed", "rows"} <= set(gate)
+
+
+def test_exporting_twice_gives_the_same_bytes(bundles):
+    for path in (bundles / "fp32").rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() == (bundles / "again" / path.relative_to(bundles / "fp32")).read_bytes(), path
+
+
+def test_bundle_runs_without_torch(bundles):
+    expected = load_quiet(SOURCE, "torch").predict("refund please", QUESTIONS)
+    code = (
+        "import sys, json, warnings; warnings.simplefilter('ignore')\n"
+        "sys.modules['torch'] = None; sys.modules['transformers'] = None\n"  # importing either now fails
+        "import laya\n"
+        f"m = laya.load({str(bundles / 'fp32')!r})\n"
+        f"print(json.dumps(m.predict('refund please', {QUESTIONS!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["usage"] == expected["usage"]
+    for key, p in expected["answers"]["t"]["probabilities"].items():
+        assert got["answers"]["t"]["probabilities"][key] == pytest.approx(p, abs=1e-4)
+
+
+def test_int8_bundle_with_a_failed_gate_is_refused_unless_forced(bundles, tmp_path):
+    failed = tmp_path / "failed"
+    shutil.copytree(bundles / "int8", failed)
+    manifest = json.loads((failed / "manifest.json").read_text())
+    manifest["gate"]["passed"] = False
+    (failed / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="failed its accuracy gate"):
+        laya.load(failed)
+    assert load_quiet(failed, force=True).predict("x", QUESTIONS)["answers"]["u"]["type"] == "noul"
+
+
+def test_int8_rows_do_not_depend_on_their_company(bundles):
+    model = load_quiet(bundles / "int8", force=True)
+    alone = model.predict("refund please", {"t": QUESTIONS["t"]})["answers"]["t"]
+    crowd = model.predict_batch(["something much longer " * 20, "refund please"], QUESTIONS)[1]["answers"]["t"]
+    assert alone == crowd
+
+
+def test_a_bundle_is_not_a_torch_checkpoint(bundles):
+    with pytest.raises(CheckpointError, match="is a onnx bundle"):
+        laya.load(bundles / "fp32", runtime="torch")
