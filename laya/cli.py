@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,35 @@ def cmd_export(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown export format {args.format!r}")
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import laya
+    from laya import bench
+
+    models = {}
+    for spec in args.runtime or ["torch"]:
+        name, _, precision = spec.partition(":")
+        options = {"threads": args.threads} if args.threads else {}
+        if precision:
+            options["precision"] = precision
+        if args.force:
+            options["force"] = True
+        source = args.model
+        if name == "onnx" and args.onnx_bundle and precision in ("", "fp32") and args.onnx_bundle.get("fp32"):
+            source = args.onnx_bundle["fp32"]
+        if name == "onnx" and args.onnx_bundle and precision == "int8" and args.onnx_bundle.get("int8"):
+            source = args.onnx_bundle["int8"]
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            models[spec] = laya.load(source, runtime=name, **options)
+        print(f"loaded {spec} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    results = bench.run(models, args.lengths, args.questions, args.state_tokens, args.repeats, args.warmup)
+    bench.report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
@@ -236,6 +266,23 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--sha256")
     exp.set_defaults(func=cmd_export)
 
+    ben = sub.add_parser("bench", help="time a model on runtimes (interleaved, medians, ratios)")
+    ben.add_argument("model", help="checkpoint folder, registered name or Hub id")
+    ben.add_argument("--runtime", "-r", action="append",
+                     help="runtime[:precision], repeat to compare (the first is the baseline), e.g. -r torch -r onnx "
+                          "-r onnx:int8")
+    ben.add_argument("--lengths", type=int, nargs="*", default=[128, 512], help="row lengths for one question")
+    ben.add_argument("--questions", type=int, nargs="*", default=[4], help="question counts over one state")
+    ben.add_argument("--state-tokens", type=int, default=300)
+    ben.add_argument("--repeats", type=int, default=10)
+    ben.add_argument("--warmup", type=int, default=2)
+    ben.add_argument("--threads", type=int)
+    ben.add_argument("--force", action="store_true", help="accept int8 bundles whose gate failed")
+    ben.add_argument("--onnx-fp32", help="an exported fp32 bundle to use for -r onnx")
+    ben.add_argument("--onnx-int8", help="an exported int8 bundle to use for -r onnx:int8")
+    ben.add_argument("--json", help="also write the figures to this file")
+    ben.set_defaults(func=cmd_bench)
+
     demo = sub.add_parser("demo", help="answer a sample routing request (falls back to a random-weight model)")
     demo.add_argument("--model", "-m", default="laya-multilingual", help="model to try first")
     demo.add_argument("--demo-dir", default="~/.cache/laya/demo-checkpoint",
@@ -252,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) >= 2 and argv[0] in ("info", "predict") and not argv[1].startswith("-"):
         argv = [argv[0], "--model", *argv[1:]]
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        args.onnx_bundle = {"fp32": args.onnx_fp32, "int8": args.onnx_int8}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

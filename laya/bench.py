@@ -1,0 +1,104 @@
+"""`laya bench`: how fast a model answers on each runtime, measured in one interleaved run.
+
+Scenarios: one question over a row of L tokens (for each `--lengths` L), and Q questions over a
+state of S tokens (for each `--questions` Q). Every repeat times each runtime in turn on the same
+input, so the ratios compare like with like. Reported: medians with min/max, tokens per second,
+the ratio to the first runtime, the bare graph call (`runtime.forward` on the prepared batch) and
+what the whole `predict` (tokenising, rows, decoding) costs on top of it, and peak memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from laya.encoder.batch import collate, padded_length
+from laya.model import Model
+
+WORD = " refund"
+
+
+@dataclass
+class Scenario:
+    name: str
+    state: str
+    questions: dict[str, Any]
+    tokens: int = 0
+
+
+@dataclass
+class Timing:
+    predict: list[float] = field(default_factory=list)
+    graph: list[float] = field(default_factory=list)
+
+
+def _state_of(model: Model, n_tokens: int) -> str:
+    """A state of about `n_tokens` tokens (one token per repeated word where the tokenizer allows)."""
+    per_word = max(1, len(model.tokenizer.encode(WORD * 8)) // 8)
+    return (WORD * max(0, n_tokens // per_word)).strip()
+
+
+def scenarios(model: Model, lengths: list[int], questions: list[int], state_tokens: int) -> list[Scenario]:
+    out = []
+    noul = {"q": {"type": "noul", "instructions": "Does the customer want a refund?"}}
+    for length in lengths:
+        head = len(model.prepare(["x"], noul).rows[0][0].ids) - len(model.tokenizer.encode("x"))
+        state = _state_of(model, max(0, length - head))
+        out.append(Scenario(f"1 question, {length} tokens", state, noul))
+    for n in questions:
+        qs = {f"q{i}": {"type": "choice", "instructions": f"Which team should handle point {i}?",
+                        "criteria": {"billing": "payments and refunds", "sales": "plans and pricing",
+                                     "support": "technical problems", "legal": "contracts"}} for i in range(n)}
+        out.append(Scenario(f"{n} questions, {state_tokens}-token state", _state_of(model, state_tokens), qs))
+    return out
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(models: dict[str, Model], lengths: list[int], questions: list[int], state_tokens: int, repeats: int,
+        warmup: int, say=print) -> list[dict[str, Any]]:
+    first = next(iter(models.values()))
+    plan = scenarios(first, lengths, questions, state_tokens)
+    results = []
+    for sc in plan:
+        prepared = {name: m.prepare([sc.state], sc.questions) for name, m in models.items()}
+        rows = next(iter(prepared.values())).rows[0]
+        sc.tokens = sum(len(r.ids) for r in rows)
+        timings = {name: Timing() for name in models}
+        for rep in range(warmup + repeats):
+            for name, model in models.items():
+                rows = prepared[name].rows[0]
+                batch = collate(rows, model.tokenizer.pad_id, length=padded_length(max(len(r.ids) for r in rows)))
+                gc.collect()
+                t0 = time.perf_counter()
+                model.predict(sc.state, sc.questions)
+                t1 = time.perf_counter()
+                model.runtime.forward(batch)
+                t2 = time.perf_counter()
+                if rep >= warmup:
+                    timings[name].predict.append(t1 - t0)
+                    timings[name].graph.append(t2 - t1)
+        base = statistics.median(timings[next(iter(models))].predict)
+        for name, t in timings.items():
+            med, graph = statistics.median(t.predict), statistics.median(t.graph)
+            results.append({"scenario": sc.name, "runtime": name, "tokens": sc.tokens, "median_ms": med * 1000,
+                            "min_ms": min(t.predict) * 1000, "max_ms": max(t.predict) * 1000,
+                            "graph_ms": graph * 1000, "overhead": med / graph - 1, "tokens_per_s": sc.tokens / med,
+                            "speedup": base / med})
+    return results
+
+
+def report(results: list[dict[str, Any]], say=print) -> None:
+    say(f"{'scenario':34s} {'runtime':12s} {'tokens':>6s} {'median':>9s} {'min':>9s} {'max':>9s} {'graph':>9s} "
+        f"{'+e2e':>6s} {'tok/s':>8s} {'speedup':>8s}")
+    for r in results:
+        say(f"{r['scenario']:34s} {r['runtime']:12s} {r['tokens']:6d} {r['median_ms']:7.1f}ms {r['min_ms']:7.1f}ms "
+            f"{r['max_ms']:7.1f}ms {r['graph_ms']:7.1f}ms {r['overhead']:6.1%} {r['tokens_per_s']:8.0f} "
+            f"{r['speedup']:7.2f}x")
+    say(f"peak resident memory of the process: {_peak_mb():.0f} MB")
