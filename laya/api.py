@@ -58,6 +58,13 @@ class SystemOneRequest:
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
 
 
+def _check_count(loc: list, what: str, n: int, low: int, high: int, unit: str, errors: list[dict]) -> None:
+    if n < low:
+        errors.append(_err(loc, f"{what} needs at least {low} {unit}, got {n}", "too_short"))
+    elif n > high:
+        errors.append(_err(loc, f"{what} takes at most {high} {unit}, got {n}", "too_long"))
+
+
 def _check_question(qid: str, spec: Any, errors: list[dict]) -> None:
     loc = ["questions", qid]
     if not isinstance(spec, dict):
@@ -90,12 +97,7 @@ def _check_question(qid: str, spec: Any, errors: list[dict]) -> None:
         else:
             errors.append(_err(cloc, "Input should be a valid dictionary of option -> description", "dict_type"))
             return
-        if len(names) < MIN_OPTIONS:
-            errors.append(_err(cloc, f"a choice question needs at least {MIN_OPTIONS} options, got {len(names)}",
-                               "too_short"))
-        elif len(names) > MAX_OPTIONS:
-            errors.append(_err(cloc, f"a choice question takes at most {MAX_OPTIONS} options, got {len(names)}",
-                               "too_long"))
+        _check_count(cloc, "a choice question", len(names), MIN_OPTIONS, MAX_OPTIONS, "options", errors)
         if isinstance(criteria, list) and len(set(map(str, names))) != len(names):
             errors.append(_err(cloc, "option names must be unique", "value_error"))
         for name, value in zip(names, values):
@@ -112,12 +114,7 @@ def _check_question(qid: str, spec: Any, errors: list[dict]) -> None:
         if not isinstance(criteria, list):
             errors.append(_err(cloc, "Input should be a valid list", "list_type"))
             return
-        if len(criteria) < MIN_LEVELS:
-            errors.append(_err(cloc, f"a score question needs at least {MIN_LEVELS} levels, got {len(criteria)}",
-                               "too_short"))
-        elif len(criteria) > MAX_LEVELS:
-            errors.append(_err(cloc, f"a score question takes at most {MAX_LEVELS} levels, got {len(criteria)}",
-                               "too_long"))
+        _check_count(cloc, "a score question", len(criteria), MIN_LEVELS, MAX_LEVELS, "levels", errors)
         for i, level in enumerate(criteria):
             if not _is_text(level):
                 errors.append(_err([*cloc, i], TEXT_MSG, "text_type"))
