@@ -34,7 +34,9 @@ def _export_module(checkpoint: Checkpoint):
 
     from laya.runtimes.pytorch import MASKED_LOGIT, TorchRuntime
 
-    net = TorchRuntime(checkpoint).net
+    # Eager attention exports as matmul + additive mask + softmax. The SDPA path exports with NaN
+    # guards (IsNaN / Where over every attention matrix) that took ~40% of the graph's time.
+    net = TorchRuntime(checkpoint, attention="eager").net
 
     class ExportNet(nn.Module):
         def __init__(self):

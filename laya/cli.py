@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options = {"threads": args.threads} if args.threads else {}
         if precision:
             options["precision"] = precision
-        if args.force:
+        if args.force and name == "onnx":
             options["force"] = True
         source = args.model
         if name == "onnx" and args.onnx_bundle and precision in ("", "fp32") and args.onnx_bundle.get("fp32"):

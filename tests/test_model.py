@@ -128,3 +128,8 @@ def test_policy_modules_import_no_framework():
             "bad = [m for m in ('torch', 'transformers', 'onnxruntime', 'mlx') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_runtime_option(checkpoint_dir):
+    with pytest.raises(RuntimeUnavailable, match="runtime 'torch' takes no option 'force'"):
+        load_quiet(checkpoint_dir, "torch", force=True)

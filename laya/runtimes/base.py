@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -47,5 +48,10 @@ def create_runtime(name: str, checkpoint: Checkpoint, **options: Any) -> Runtime
         raise RuntimeUnavailable(
             f"runtime {name!r} needs the {probe!r} package; install the extra: pip install 'laya-runtime[{name}]'"
         )
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)(checkpoint, **options)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "checkpoint"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise RuntimeUnavailable(f"runtime {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                                 f"it takes {', '.join(sorted(accepted)) or 'none'}")
+    return cls(checkpoint, **options)
