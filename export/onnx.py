@@ -9,7 +9,6 @@ and is gated against fp32 on fixed decision rows; the gate's figures go into the
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import tempfile
 import time
@@ -252,6 +251,3 @@ def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None
     tmp.rename(folder)
     return folder
 
-
-def main_json(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True)

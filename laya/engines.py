@@ -2,7 +2,8 @@
 
 An engine turns a request into a job (`prepare`, which validates and refuses before any
 inference), and runs many jobs together (`execute`), which is what lets the server coalesce
-concurrent requests into shared forward passes. `EncoderEngine` serves a laya checkpoint.
+concurrent requests into shared forward passes. `EncoderEngine` serves a laya checkpoint,
+`DecideEngine` a chat GGUF through the decide policy.
 """
 
 from __future__ import annotations

@@ -38,10 +38,6 @@ class ScriptedBackend:
     def reset(self) -> None:
         self.seq = []
 
-    @property
-    def n_past(self) -> int:
-        return len(self.seq)
-
     def prefill(self, tokens: list[int]) -> None:
         self.prefill_calls.append(list(tokens))
         self.seq = self.seq + list(tokens)

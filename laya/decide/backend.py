@@ -30,11 +30,6 @@ class DecideBackend(Protocol):
         """Forget the sequence: the next prefill starts at position 0."""
         ...
 
-    @property
-    def n_past(self) -> int:
-        """How many tokens the current sequence state holds."""
-        ...
-
     def prefill(self, tokens: list[int]) -> None:
         """Evaluate `tokens` after the current state."""
         ...

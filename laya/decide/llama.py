@@ -75,10 +75,6 @@ class LlamaBackend:
     def reset(self) -> None:
         self.llm.reset()
 
-    @property
-    def n_past(self) -> int:
-        return self.llm.n_tokens
-
     def prefill(self, tokens: list[int]) -> None:
         self.llm.eval(tokens)
 

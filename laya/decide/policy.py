@@ -8,7 +8,7 @@ prefilled, so a refused request leaves the session exactly as it was.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,7 +131,6 @@ class Report:
     restore_ms: float = 0.0
     store_ms: float = 0.0
     state_bytes: int = 0
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def as_extras(self) -> dict[str, Any]:
         return {"reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
