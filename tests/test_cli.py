@@ -72,3 +72,12 @@ def test_demo_falls_back_to_a_random_model_offline(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "RANDOM weights" in out.stderr
     assert set(json.loads(out.stdout)["answers"]) == {"team", "urgent", "anger"}
+
+
+def test_serve_exits_when_a_model_cannot_load(tmp_path):
+    from live_server import free_port
+
+    out = laya("serve", "--model", tmp_path / "missing", "--port", free_port())
+    assert out.returncode == 2
+    assert "laya: error: could not load the models" in out.stderr and "no such checkpoint folder" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 
 from laya.api import ALIASES, ApiError, parse_systemone, question_error, usage_error
-from laya.errors import QuestionError
+from laya.errors import LayaError, QuestionError
 from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded
 from laya.server.body import decode, parse_json, read_body
 from laya.server.metrics import Metrics
@@ -101,8 +101,10 @@ class RequestContext:
                                             "ms": round(elapsed * 1000, 2), **state["log"]}))
 
 
-def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None) -> FastAPI:
-    """`load` returns the engines to serve (the first is the default); it runs after start-up."""
+def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None,
+               on_load_failure: Callable[[], None] | None = None) -> FastAPI:
+    """`load` returns the engines to serve (the first is the default); it runs after start-up, so
+    /health and /ready answer while models load. If it fails, `on_load_failure` is called."""
     config = config or ServerConfig()
     served = Served()
     metrics = Metrics()
@@ -115,9 +117,14 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                 engines = load()
                 for engine in engines:
                     engine.warmup()
-            except Exception as exc:  # reported on /health; the process keeps running to say so
-                log.exception("loading models failed")
+            except Exception as exc:  # reported on /health; `laya serve` stops (on_load_failure)
+                if isinstance(exc, LayaError):
+                    log.error("loading models failed: %s", exc)
+                else:
+                    log.exception("loading models failed")
                 served.load_errors.append(f"{type(exc).__name__}: {exc}")
+                if on_load_failure is not None:
+                    on_load_failure()
                 return
             loop.call_soon_threadsafe(_activate, engines)
 

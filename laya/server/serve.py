@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laya.errors import LayaError
 from laya.server.app import ServerConfig, create_app
 
 CONFIG_ENV = "LAYA_SERVE_CONFIG"
@@ -89,7 +90,6 @@ def load_engines(options: ServeOptions) -> list[Any]:
     the SmolLM2 GGUF shipped in a package (works offline), plus laya-multilingual where the Hub
     cache has it; one line says what loaded and what could not.
     """
-    from laya.errors import LayaError
 
     if options.models:
         engines = [load_engine(spec, options) for spec in options.models]
@@ -146,5 +146,15 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
         uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     else:
-        uvicorn.run(build_app(options), host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S,
-                    backlog=BACKLOG)
+        server: uvicorn.Server | None = None
+
+        def stop() -> None:  # a model that cannot load ends `laya serve` instead of serving nothing
+            if server is not None:
+                server.should_exit = True
+
+        app = create_app(lambda: load_engines(options), options.server, on_load_failure=stop)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG))
+        server.run()
+        if app.state.served.load_errors:
+            raise LayaError(f"could not load the models: {'; '.join(app.state.served.load_errors)}")
