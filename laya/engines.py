@@ -53,17 +53,7 @@ class EncoderEngine:
         return sum(len(rows) for rows in job.rows)
 
     def execute(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
-        flat = [row for job in jobs for rows in job.rows for row in rows]
-        logits, acts = self.model.run(flat)
-        out, at = [], 0
-        for job in jobs:
-            responses = []
-            for rows in job.rows:
-                n = len(rows)
-                responses.append(self.model.respond(job.questions, rows, logits[at : at + n], acts[at : at + n]))
-                at += n
-            out.append(responses)
-        return out
+        return self.model.answer(jobs)
 
     def warmup(self) -> None:
         self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})

@@ -118,14 +118,21 @@ class Model:
         states = list(states)
         if not states:
             return []
-        prepared = self.prepare(states, questions)
-        flat = [row for rows in prepared.rows for row in rows]
+        return self.answer([self.prepare(states, questions)])[0]
+
+    def answer(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
+        """Responses of several prepared requests, their rows sharing forward passes."""
+        flat = [row for job in jobs for rows in job.rows for row in rows]
         logits, acts = self.run(flat)
-        n = len(prepared.questions)
-        return [
-            self.respond(prepared.questions, rows, logits[i * n : (i + 1) * n], acts[i * n : (i + 1) * n])
-            for i, rows in enumerate(prepared.rows)
-        ]
+        out, at = [], 0
+        for job in jobs:
+            responses = []
+            for rows in job.rows:
+                n = len(rows)
+                responses.append(self.respond(job.questions, rows, logits[at : at + n], acts[at : at + n]))
+                at += n
+            out.append(responses)
+        return out
 
     def predict(self, state: Any, questions: Mapping[str, Any]) -> dict[str, Any]:
         """One state, many questions: `{"model", "answers", "usage", "x_usage"}`."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from laya.decide.backend import DecideBackend
 from laya.errors import QuestionError
+from laya.heads.decode import probabilities
 
 POLICIES = ("auto", "on", "off")
 
@@ -78,9 +79,7 @@ class Scores:
 
 def score(logits: np.ndarray, choice_ids: list[int], temperature: float = 1.0) -> Scores:
     logp = log_softmax(logits)[choice_ids]
-    z = logp / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
+    p = probabilities(logp, temperature)
     outside = float(max(0.0, 1.0 - np.exp(logp).sum()))
     return Scores(logp=logp, probabilities=p, outside_mass=outside)
 

@@ -110,22 +110,16 @@ class MicroBatcher:
         started = time.perf_counter()
         try:
             results = await loop.run_in_executor(self._executor, self.engine.execute, [it.job for it in items])
-        except QuestionError as exc:  # a refusal found while running: the caller's mistake, not ours
-            if len(items) > 1:
-                for it in items:
-                    await self._run(loop, [it])
-                return
-            if not items[0].future.done():
-                items[0].future.set_exception(exc)
-            return
-        except Exception:
+        except Exception as exc:
             if len(items) > 1:  # isolate the failure: one bad job must not fail its batch company
                 for it in items:
                     await self._run(loop, [it])
                 return
-            log.exception("inference failed on %s", self.engine.name)
+            if not isinstance(exc, QuestionError):  # a refusal found while running is the caller's mistake
+                log.exception("inference failed on %s", self.engine.name)
+                exc = InferenceFailed(self.engine.name)
             if not items[0].future.done():
-                items[0].future.set_exception(InferenceFailed(self.engine.name))
+                items[0].future.set_exception(exc)
             return
         elapsed = (time.perf_counter() - started) * 1000.0
         rows = sum(it.rows for it in items)
