@@ -22,43 +22,10 @@ import numpy as np
 from laya.checkpoint import Checkpoint
 
 OPSET = 18
+# Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
+GRAPH_REVISION = 3
 INPUTS = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
 OUTPUTS = ["logits", "act_logits"]
-
-
-def _export_module(checkpoint: Checkpoint):
-    """The reference network with a batched head tail (the same maths, traceable shapes)."""
-    import torch
-    from torch import nn
-
-    from laya.runtimes.pytorch import MASKED_LOGIT, TorchRuntime
-
-    # Eager attention exports as matmul + additive mask + softmax. The SDPA path exports with NaN
-    # guards (IsNaN / Where over every attention matrix) that took ~40% of the graph's time.
-    net = TorchRuntime(checkpoint, attention="eager").net
-
-    class ExportNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-
-        def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
-            n = self.net
-            h = n.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            h = h + n.type_emb(qtype)[:, None, :]
-            keep = attention_mask.bool()[:, None, None, :]
-            for layer in n.head.layers:
-                h = layer(h, keep)
-            m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
-            logits = n.scorer(m).squeeze(-1).float().masked_fill(~marker_mask, MASKED_LOGIT)
-            p = torch.softmax(logits, -1)
-            k = marker_mask.sum(-1).clamp(min=2).float()
-            entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
-            top = p.topk(2, -1).values  # the runtime pads the marker axis to at least 2 slots
-            feats = torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy, k / 255.0], -1)
-            return logits, n.act_head(torch.cat([h[:, 0].float(), feats], -1))
-
-    return ExportNet().eval()
 
 
 def _example(checkpoint: Checkpoint):
@@ -80,8 +47,9 @@ def _example(checkpoint: Checkpoint):
 
 def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
     import torch
+    from laya.export.torch_net import DecisionNet, fused_attention, ort_attention_translation
 
-    module = _export_module(checkpoint)
+    module = DecisionNet.load(checkpoint, attention=fused_attention)
     example = _example(checkpoint)
     batch, length, markers = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2), \
         torch.export.Dim("markers", min=2)
@@ -94,7 +62,8 @@ def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on axis names and deprecations
         program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=shapes, input_names=INPUTS,
-                                    output_names=OUTPUTS, opset_version=OPSET, optimize=True, verbose=False)
+                                    output_names=OUTPUTS, opset_version=OPSET, optimize=True, verbose=False,
+                                    custom_translation_table=ort_attention_translation())
     program.save(str(path), external_data=False)
     _strip_stack_traces(path)
 
@@ -198,7 +167,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> int:
 
     graph = onnx.load(str(fp32_path), load_external_data=False)
     targets = [n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
-               and any(p.key == "namespace" and "net.encoder" in p.value for p in n.metadata_props)]
+               and any(p.key == "namespace" and "DecisionNet/layers." in p.value for p in n.metadata_props)]
     quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, nodes_to_quantize=targets,
                      per_channel=True, extra_options={"MatMulConstBOnly": True})
     return len(targets)
@@ -218,7 +187,7 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
         say("exporting the fp32 graph (torch.export)")
         export_fp32(checkpoint, fp32_path)
         manifest = base_manifest(checkpoint, "onnx", "int8" if int8 else "fp32")
-        manifest.update(opset=OPSET, inputs=INPUTS, outputs=OUTPUTS, graph="model.onnx")
+        manifest.update(opset=OPSET, graph_revision=GRAPH_REVISION, inputs=INPUTS, outputs=OUTPUTS, graph="model.onnx")
         if int8:
             say("quantising the encoder's matmuls to int8")
             int8_path = Path(tmp) / "int8.onnx"
@@ -237,17 +206,10 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
 
 def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> Path:
-    """A bundle for `checkpoint`, exported on first use into a cache keyed by the weights' digest."""
-    import os
+    """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
+    exporter's graph revision."""
+    from laya.bundle import cached_export
 
-    root = cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "onnx"
-    folder = root / f"{checkpoint.fingerprint[:16]}-{precision}"
-    if (folder / "manifest.json").is_file():
-        return folder
-    tmp = folder.with_name(folder.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    export_bundle(checkpoint, tmp, int8=precision == "int8", progress=progress)
-    tmp.rename(folder)
-    return folder
-
+    key = f"{checkpoint.fingerprint[:16]}-{precision}-r{GRAPH_REVISION}"
+    return cached_export("onnx", key, lambda folder: export_bundle(checkpoint, folder, int8=precision == "int8",
+                                                                   progress=progress), cache_dir)

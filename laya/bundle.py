@@ -9,7 +9,9 @@ measured at export. No timestamps: exporting twice writes the same bytes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,20 @@ def copy_checkpoint_files(checkpoint: Checkpoint, out: Path) -> None:
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: Path | None = None) -> Path:
+    """A bundle exported on first use into `$LAYA_CACHE/<kind>/<key>` (default ~/.cache/laya).
+
+    Written into a `.partial` folder and renamed when complete, so an interrupted export is never
+    mistaken for a bundle."""
+    root = cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / kind
+    folder = root / key
+    if (folder / MANIFEST).is_file():
+        return folder
+    tmp = folder.with_name(folder.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    build(tmp)
+    tmp.rename(folder)
+    return folder

@@ -1,0 +1,191 @@
+"""The decision network in plain PyTorch, written for exporters rather than for reading checkpoints.
+
+The reference runtime runs transformers' ModernBERT; exporters need a graph whose shape they control:
+attention as one replaceable call (ONNX Runtime's fused `MultiHeadAttention`, or plain matmuls), RoPE
+tables computed in the graph from the sequence length, and the head's tail batched with traceable
+shapes. Same maths as laya-format.md sections 3 and 6; the parity suite checks every graph built from
+it against the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from laya.checkpoint import Checkpoint
+from laya.config import EncoderConfig
+
+MASKED_LOGIT = -1e4
+NEG = -1e4  # additive mask: far below any score, and finite in fp16 even doubled (Core ML); 0 * NEG is 0
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Softmax attention over [B, L, D] projections with an additive [B, 1, L, L] bias."""
+    b, n, d = q.shape
+    q, k, v = (t.view(b, n, num_heads, d // num_heads).transpose(1, 2) for t in (q, k, v))
+    out = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // num_heads) + bias, -1) @ v
+    return out.transpose(1, 2).reshape(b, n, d)
+
+
+@torch.library.custom_op("laya::attention", mutates_args=())
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                    num_heads: int) -> torch.Tensor:
+    """`attend` as one opaque op, so the ONNX exporter can emit ORT's fused MultiHeadAttention for it."""
+    return attend(q, k, v, bias, num_heads)
+
+
+@fused_attention.register_fake
+def _fused_attention_shape(q, k, v, bias, num_heads):
+    return torch.empty_like(q)
+
+
+def ort_attention_translation():
+    """The ONNX translation of `laya::attention`: com.microsoft::MultiHeadAttention (onnxruntime only)."""
+    import onnxscript
+    from onnx.defs import OpSchema
+
+    # The onnx package carries no schemas for ORT's contrib ops: declare the part of this one we use.
+    def arg(name: str, optional: bool = False) -> OpSchema.FormalParameter:
+        option = OpSchema.FormalParameterOption.Optional if optional else OpSchema.FormalParameterOption.Single
+        return OpSchema.FormalParameter(name, "T", param_option=option)
+
+    schema = OpSchema(
+        "MultiHeadAttention", "com.microsoft", 1,
+        inputs=[arg("query"), arg("key"), arg("value"), arg("bias", True), arg("key_padding_mask", True),
+                arg("attention_bias", True)],
+        outputs=[arg("output")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "")],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "", required=True)])
+    mha = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), "MultiHeadAttention", schema)
+
+    def translate(q, k, v, bias, num_heads: int):
+        return mha(q, k, v, None, None, bias, num_heads=num_heads)
+
+    return {torch.ops.laya.attention.default: translate}
+
+
+class Rope(nn.Module):
+    """Rotate-half RoPE; the tables are computed from the length in the graph (no length baked in)."""
+
+    def __init__(self, theta: float, head_dim: int):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], -1)[:, None, :]  # [L, 1, head_dim], broadcast over heads
+        return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d: int, inner: int, first: bool):
+        super().__init__()
+        self.attn_norm = nn.Identity() if first else nn.LayerNorm(d, eps=1e-5, bias=False)
+        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.Wo = nn.Linear(d, d, bias=False)
+        self.mlp_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
+        self.Wi = nn.Linear(d, 2 * inner, bias=False)
+        self.Wo_mlp = nn.Linear(inner, d, bias=False)
+
+
+class DecisionNet(nn.Module):
+    """Encoder, decision head and act head; `load` fills it from a checkpoint's tensors."""
+
+    def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, attention: Callable = attend):
+        super().__init__()
+        d = enc.hidden_size
+        self.enc, self.attention = enc, attention
+        self.emb = nn.Embedding(enc.vocab_size, d)
+        self.emb_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
+        self.layers = nn.ModuleList(EncoderLayer(d, enc.intermediate_size, i == 0)
+                                    for i in range(enc.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
+        self.rope_global = Rope(enc.global_rope_theta, enc.head_dim)
+        self.rope_local = Rope(enc.local_rope_theta, enc.head_dim)
+        from laya.runtimes.pytorch import Head
+
+        self.head = Head(d, head_layers)
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d, eps=1e-5), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        from laya.heads.layout import ACT_HIDDEN
+
+        self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
+
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, attention: Callable = attend) -> DecisionNet:
+        cfg = checkpoint.config
+        net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, attention)
+        net.load_state_dict({ours: torch.from_numpy(checkpoint.weights[theirs]).float()
+                             for ours, theirs in net.checkpoint_names().items()}, strict=True)
+        return net.eval()
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """Our parameter name -> the checkpoint's tensor name (the one place they are mapped)."""
+        names = {"emb.weight": "encoder.embeddings.tok_embeddings.weight",
+                 "emb_norm.weight": "encoder.embeddings.norm.weight",
+                 "final_norm.weight": "encoder.final_norm.weight"}
+        for i in range(len(self.layers)):
+            ours, theirs = f"layers.{i}.", f"encoder.layers.{i}."
+            pairs = {"Wqkv": "attn.Wqkv", "Wo": "attn.Wo", "mlp_norm": "mlp_norm", "Wi": "mlp.Wi",
+                     "Wo_mlp": "mlp.Wo"} | ({"attn_norm": "attn_norm"} if i else {})
+            names |= {f"{ours}{a}.weight": f"{theirs}{b}.weight" for a, b in pairs.items()}
+        for name in self.state_dict():
+            if name.split(".")[0] in ("head", "type_emb", "scorer", "act_head"):
+                names[name] = name
+        return names
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, n = input_ids.shape
+        enc = self.enc
+        heads, hd = enc.num_attention_heads, enc.head_dim
+        keys = (1.0 - attention_mask[:, None, None, :].float()) * NEG  # [B, 1, 1, L]
+        global_bias = keys.expand(b, 1, n, n)
+        pos = torch.arange(n)
+        far = (pos[:, None] - pos[None, :]).abs() > enc.local_attention // 2
+        local_bias = global_bias + far.float()[None, None] * NEG
+        tables = {True: self.rope_global.tables(n), False: self.rope_local.tables(n)}
+        x = self.emb_norm(self.emb(input_ids))
+        for i, layer in enumerate(self.layers):
+            is_global = enc.is_global(i)
+            cos, sin = tables[is_global]
+            q, k, v = layer.Wqkv(layer.attn_norm(x)).view(b, n, 3, heads, hd).unbind(2)
+            q, k = rotate(q, cos, sin).reshape(b, n, -1), rotate(k, cos, sin).reshape(b, n, -1)
+            x = x + layer.Wo(self.attention(q, k, v.reshape(b, n, -1), global_bias if is_global else local_bias,
+                                            heads))
+            a, g = layer.Wi(layer.mlp_norm(x)).chunk(2, -1)
+            x = x + layer.Wo_mlp(F.gelu(a) * g)
+        return self.final_norm(x)
+
+    def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
+        """`marker_mask=None` when every marker slot is a real option (single rows: Core ML)."""
+        h = self.encode(input_ids, attention_mask)
+        h = h + self.type_emb(qtype)[:, None, :]
+        b, n, d = h.shape
+        keys = ((1.0 - attention_mask[:, None, None, :].float()) * NEG).expand(b, 1, n, n)
+        for layer in self.head.layers:
+            attn = layer.self_attn
+            q, k, v = F.linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
+            h = h + attn.out_proj(self.attention(q, k, v, keys, attn.n_heads))
+            h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+        m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
+        logits = self.scorer(m).squeeze(-1).float()
+        if marker_mask is None:
+            k = torch.ones_like(logits).sum(-1)
+        else:
+            logits = logits.masked_fill(~marker_mask, MASKED_LOGIT)
+            k = marker_mask.sum(-1).clamp(min=2).float()
+        p = torch.softmax(logits, -1)
+        entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
+        top = p.topk(2, -1).values  # callers give the marker axis at least 2 slots
+        feats = torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy, k / 255.0], -1)
+        return logits, self.act_head(torch.cat([h[:, 0].float(), feats], -1))
