@@ -1,0 +1,220 @@
+"""`runtime="coreml"`: Core ML bundles on Apple platforms, with the Neural Engine for compact prompts.
+
+Each row goes to the smallest Neural Engine bucket it fits (tokens <= L, options <= 32 slots) when
+the bundle has them, else to the general program; never truncated. The host does, in fp32, what the
+Neural Engine programs leave to it: the embedding gather, the type vector, the additive masks and
+the act head.
+
+`executor` says what runs the programs:
+- `coreml` (the default, macOS only): Core ML itself, with `compute_units` for the general program
+  and `cpuAndNeuralEngine` for the Neural Engine buckets.
+- `mil`: laya's numpy evaluator of the saved programs (`laya.runtimes.mil`); slow, runs anywhere:
+  how the bundles are verified without a Mac.
+- `torch`: the torch modules the programs are converted from, in fp32 (needs the checkpoint).
+
+Elsewhere than macOS, `executor="coreml"` is refused with a message naming the platform.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from laya.bundle import is_bundle, read_manifest
+from laya.checkpoint import Checkpoint
+from laya.encoder.batch import Batch
+from laya.errors import CheckpointError, RuntimeUnavailable
+
+EXECUTORS = ("coreml", "mil", "torch")
+COMPUTE_UNITS = {"all": "ALL", "cpu_only": "CPU_ONLY", "cpu_and_gpu": "CPU_AND_GPU", "cpu_and_ne": "CPU_AND_NE"}
+MASK = -1e4
+MASKED_LOGIT = -1e4
+
+Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def act_features(z: np.ndarray) -> np.ndarray:
+    """[top1, top1 - top2, normalised entropy, k / 255] of one row's untempered options (fp32 host)."""
+    z = np.asarray(z, dtype=np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    k = max(2, len(z))
+    entropy = -float(np.sum(p * np.log(np.maximum(p, 1e-9)))) / math.log(k)
+    top = np.sort(p)[::-1]
+    second = top[1] if len(top) > 1 else 0.0
+    return np.array([top[0], top[0] - second, entropy, k / 255.0])
+
+
+class HostParts:
+    """The fp32 pieces the host computes around a Neural Engine program."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], local_window: int, pad_id: int):
+        self.embeddings = tensors["encoder.embeddings.tok_embeddings.weight"]
+        self.type_emb = np.asarray(tensors["type_emb.weight"], np.float32)
+        self.act = [np.asarray(tensors[f"act_head.{n}"], np.float32)
+                    for n in ("0.weight", "0.bias", "2.weight", "2.bias")]
+        self.half_window = local_window // 2
+        self.pad_id = pad_id
+
+    def inputs(self, ids: np.ndarray, markers: np.ndarray, qtype: int, length: int,
+               slots: int) -> dict[str, np.ndarray]:
+        n = len(ids)
+        padded = np.full(length, self.pad_id, dtype=np.int64)
+        padded[:n] = ids
+        emb = np.asarray(self.embeddings[padded], np.float32).T[None, :, None, :]
+        keys = np.where(np.arange(length) < n, 0.0, MASK).astype(np.float32)
+        far = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :]) > self.half_window
+        local = keys[None, :] + np.where(far, MASK, 0.0)
+        one_hot = np.zeros((1, length, slots), np.float32)
+        one_hot[0, markers, np.arange(len(markers))] = 1.0
+        return {"embeddings": emb, "type_vector": self.type_emb[qtype][None, :, None, None],
+                "global_mask": keys[None, None, None, :], "local_mask": local[None, None].astype(np.float32),
+                "markers": one_hot}
+
+    def act_logits(self, cls: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        w0, b0, w2, b2 = self.act
+        x = np.concatenate([np.asarray(cls, np.float32).reshape(-1), act_features(logits)]).astype(np.float64)
+        h = x @ w0.T.astype(np.float64) + b0
+        h = 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
+        return (h @ w2.T.astype(np.float64) + b2).astype(np.float32)
+
+
+class CoremlRuntime:
+    name = "coreml"
+
+    def __init__(self, checkpoint: Checkpoint, compute_units: str = "all", executor: str = "coreml",
+                 ane: bool = True, precision: str = "fp16", cache_dir: str | os.PathLike | None = None):
+        if executor not in EXECUTORS:
+            raise RuntimeUnavailable(f"Core ML executor must be one of {EXECUTORS}, got {executor!r}")
+        if compute_units not in COMPUTE_UNITS:
+            raise RuntimeUnavailable(f"compute_units must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}")
+        if executor == "coreml" and not (sys.platform == "darwin"):
+            raise RuntimeUnavailable(
+                f"Core ML predicts only on macOS (and iOS); this is {platform.system()} {platform.machine()}. "
+                "Use runtime='onnx' or 'torch' here, or executor='mil' to run a bundle's programs slowly in numpy "
+                "for verification")
+        self.executor, self.compute_units = executor, compute_units
+        tok, enc = checkpoint.tokenizer, checkpoint.encoder
+        self.pad_id = tok.pad_id
+        if executor == "torch":
+            self._torch_programs(checkpoint, ane)
+            self.precision = "fp32"
+            return
+        folder = checkpoint.path if is_bundle(checkpoint.path) else self._cached(checkpoint, precision, ane, cache_dir)
+        manifest = read_manifest(folder)
+        if manifest.get("kind") != "coreml":
+            raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not a Core ML one")
+        if checkpoint.weights and manifest.get("fingerprint") != checkpoint.fingerprint:
+            raise CheckpointError(f"{folder}: exported from another checkpoint than {checkpoint.path}")
+        self.manifest, self.folder = manifest, folder
+        self.precision = manifest["precision"]
+        general = manifest["general"]
+        self.lengths = list(general["lengths"])
+        self.max_markers = int(general["max_markers"])
+        self.general = self._program(folder / general["program"], compute_units)
+        self.buckets: dict[int, Predictor] = {}
+        self.slots = 0
+        ane_part = manifest.get("ane")
+        if ane and ane_part:
+            from safetensors.numpy import load_file
+
+            self.slots = int(ane_part["slots"])
+            self.host = HostParts(load_file(str(folder / ane_part["host_weights"])), enc.local_attention, self.pad_id)
+            for bucket in ane_part["buckets"]:
+                self.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], "cpu_and_ne")
+        self.routed = {"ane": 0, "general": 0}
+
+    # construction
+    @staticmethod
+    def _cached(checkpoint: Checkpoint, precision: str, ane: bool, cache_dir) -> Path:
+        from laya.export.coreml import cached_bundle
+
+        return cached_bundle(checkpoint, precision, ane, Path(cache_dir) if cache_dir else None)
+
+    def _program(self, path: Path, units: str) -> Predictor:
+        if self.executor == "mil":
+            from laya.runtimes.mil import Program
+
+            return Program(path).run
+        import coremltools as ct
+
+        model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS[units]))
+        return lambda feeds: {k: np.asarray(v) for k, v in model.predict(feeds).items()}
+
+    def _torch_programs(self, checkpoint: Checkpoint, ane: bool) -> None:
+        """The fp32 torch modules each program is converted from, behind the same predictor shape."""
+        import torch
+
+        from laya.export.ane_net import SLOTS, AneNet
+        from laya.export.coreml import ANE_INPUTS, GENERAL_INPUTS, ane_buckets, general_lengths, general_module
+
+        def wrap(module, names, outputs):
+            def predict(feeds):
+                with torch.no_grad():
+                    result = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names])
+                return {k: v.numpy() for k, v in zip(outputs, result)}
+            return predict
+
+        self.lengths = general_lengths(checkpoint.config.max_len)
+        self.max_markers = 255
+        self.general = wrap(general_module(checkpoint), GENERAL_INPUTS, ["logits", "act_logits"])
+        self.buckets, self.slots = {}, 0
+        if ane:
+            w, enc = checkpoint.weights, checkpoint.encoder
+            self.slots = SLOTS
+            self.host = HostParts(w, enc.local_attention, self.pad_id)
+            for length in ane_buckets(checkpoint):
+                net = AneNet(w, enc, checkpoint.config.head_layers, length).eval()
+                self.buckets[length] = wrap(net, ANE_INPUTS, ["logits", "cls"])
+        self.manifest, self.folder = {}, checkpoint.path
+        self.routed = {"ane": 0, "general": 0}
+
+    # running
+    def bucket_for(self, n_tokens: int, n_markers: int) -> int | None:
+        """The smallest Neural Engine bucket a row fits, or None (the general program takes it)."""
+        if n_markers > self.slots:
+            return None
+        return next((length for length in sorted(self.buckets) if n_tokens <= length), None)
+
+    def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
+        acts = []
+        for i in range(batch.size):
+            n, k = int(batch.attention_mask[i].sum()), int(batch.marker_mask[i].sum())
+            ids, markers, qtype = batch.input_ids[i, :n], batch.marker_pos[i, :k], int(batch.qtype[i])
+            bucket = self.bucket_for(n, k)
+            if bucket is not None:
+                out = self.buckets[bucket](self.host.inputs(ids, markers, qtype, bucket, self.slots))
+                z = np.asarray(out["logits"], np.float32).reshape(-1)[:k]
+                act = self.host.act_logits(out["cls"], z)
+                self.routed["ane"] += 1
+            else:
+                z, act = self._general(ids, markers, qtype)
+                self.routed["general"] += 1
+            logits[i, :k] = z
+            acts.append(act)
+        return logits, np.stack(acts).astype(np.float32)
+
+    def _general(self, ids: np.ndarray, markers: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
+        n, k = len(ids), len(markers)
+        if k > self.max_markers:
+            raise CheckpointError(f"a question with {k} options exceeds the Core ML program's {self.max_markers}")
+        length = next((x for x in self.lengths if x >= n), None)
+        if length is None:
+            raise CheckpointError(f"a row of {n} tokens is longer than the Core ML program's {self.lengths[-1]}")
+        padded = np.full((1, length), self.pad_id, dtype=np.int32)
+        padded[0, :n] = ids
+        out = self.general({"input_ids": padded, "n_tokens": np.array([n], np.int32),
+                            "marker_pos": np.asarray(markers, np.int32)[None, :], "qtype": np.array([qtype], np.int32)})
+        return (np.asarray(out["logits"], np.float32).reshape(-1)[:k],
+                np.asarray(out["act_logits"], np.float32).reshape(-1))
