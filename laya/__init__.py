@@ -28,6 +28,7 @@ def load(
     sha256: str | Mapping[str, str] | None = None,
     name: str | None = None,
     local_only: bool = False,
+    calibration: str | os.PathLike | None = None,
     **runtime_options: Any,
 ) -> Model:
     """Load a laya checkpoint and put it on `runtime`.
@@ -47,5 +48,11 @@ def load(
     if bundle_kind is not None and runtime not in (None, bundle_kind):
         raise CheckpointError(f"{model} is a {bundle_kind} bundle; load it with runtime={bundle_kind!r}")
     runtime = runtime or bundle_kind or "torch"
+    fitted = None
+    if calibration is not None:
+        from laya.calibration.file import load_calibration
+
+        fitted = load_calibration(calibration)
+        fitted.check_model(checkpoint.fingerprint, os.fspath(model))  # before the runtime is built
     runtime_impl = create_runtime(runtime, checkpoint, **runtime_options)
-    return Model(checkpoint, runtime_impl, name=name or default_name)
+    return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from laya.calibration.evidence import Evidence
+from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import collate, padded_length
@@ -39,6 +41,7 @@ class Model:
     def __init__(
         self, checkpoint: Checkpoint, runtime: Runtime, *, name: str | None = None,
         temperatures: Temperatures | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        calibration: Calibration | None = None,
     ):
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -48,6 +51,11 @@ class Model:
             cfg.temperature, cfg.temperature_by_options, source=str(checkpoint.path / "rl_agent_config.json")
         )
         self.max_batch_rows = max_batch_rows
+        self.calibration = calibration
+        self.abstention = calibration.abstention if calibration else None
+        if calibration is not None:
+            calibration.check_model(checkpoint.fingerprint, str(checkpoint.path))
+            self.temperatures = calibration.over(self.temperatures)
 
     @property
     def tokenizer(self):
@@ -69,6 +77,14 @@ class Model:
         heads: dict[str, Head] = {q.qid: build_head(self.tokenizer, q, self.head_max_len) for q in parsed}
         rows = [build_rows(self.tokenizer, s, parsed, self.max_len, self.head_max_len, heads) for s in states]
         return Prepared(questions=parsed, rows=rows)
+
+    def evidence(self, prepared: Prepared) -> list[list[Evidence]]:
+        """Per state, per question: the untempered option logits and act probability (for fitting)."""
+        flat = [row for rows in prepared.rows for row in rows]
+        logits, acts = self.run(flat)
+        n = len(prepared.questions)
+        return [[Evidence.single(q.qtype, logits[i * n + j], decode.act_probability(acts[i * n + j]))
+                 for j, q in enumerate(prepared.questions)] for i in range(len(prepared.rows))]
 
     def run(self, rows: list[Row]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Logits (cut to each row's options) and act logits of `rows`.
@@ -97,7 +113,10 @@ class Model:
         for q, z, a in zip(questions, logits, acts):
             t = self.temperatures.for_question(q.qtype, q.n_options)
             p = decode.probabilities(z, t)
-            answers[q.qid] = decode.answer(q, p, {"x_act_probability": decode.act_probability(a)})
+            extras = {"x_act_probability": decode.act_probability(a)}
+            if self.abstention is not None:
+                extras |= self.abstention.extras(q.qtype, q.n_options, p)
+            answers[q.qid] = decode.answer(q, p, extras)
         return {
             "model": self.name,
             "answers": answers,

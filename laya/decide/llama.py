@@ -29,6 +29,8 @@ class LlamaBackend:
         if not path.is_file():
             raise CheckpointError(f"{path}: GGUF file not found")
         self._llama_cpp = llama_cpp
+        # llama-cpp-python's default is half the cores; a decision is one prefill, so use them all
+        n_threads = n_threads or os.cpu_count() or 1
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        logits_all=False, verbose=False)
@@ -94,3 +96,20 @@ class LlamaBackend:
     def describe(self) -> dict[str, Any]:
         return {"gguf": str(self.path), "n_ctx": self.n_ctx, "n_vocab": self.n_vocab, "templated": self.templated,
                 "threads": self.llm.n_threads if hasattr(self.llm, "n_threads") else None}
+
+
+def open_gguf(source: str | os.PathLike, *, name: str | None = None, n_ctx: int = 4096,
+              threads: int | None = None, prefix_cache: str = "auto", calibration: str | os.PathLike | None = None):
+    """A `DecideModel` over a chat GGUF file (the one way `laya serve` and `laya calibrate` open one)."""
+    from laya.decide.model import DecideModel
+    from laya.decide.policy import PrefixCache
+
+    fitted = None
+    if calibration is not None:
+        from laya.calibration.file import load_calibration
+
+        fitted = load_calibration(calibration)
+    cache = PrefixCache(policy=prefix_cache)  # checks the policy name before the model loads
+    backend = LlamaBackend(source, n_ctx=n_ctx, n_threads=threads)
+    return DecideModel(backend, name or Path(source).stem.lower(), cache=cache, source=os.fspath(source),
+                       calibration=fitted)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from laya.calibration.temperatures import clamp
+from laya.calibration.evidence import Evidence
+from laya.calibration.file import Calibration
+from laya.calibration.temperatures import Temperatures, clamp
+from laya.config import QTYPES
 from laya.decide.backend import DecideBackend
 from laya.decide.policy import Decider, DecideRefused, PrefixCache, first_tokens
 from laya.decide.prompts import (
@@ -39,20 +42,24 @@ class DecideSettings:
         if self.readout not in READOUTS:
             raise ValueError(f"readout must be one of {READOUTS}, got {self.readout!r}")
 
-    def for_type(self, qtype: str) -> float:
-        return clamp(self.temperature.get(qtype, 1.0))
-
 
 class DecideModel:
     """`predict(state, questions)` with the same response shape as the encoder models."""
 
     def __init__(self, backend: DecideBackend, name: str, *, cache: PrefixCache | None = None,
-                 settings: DecideSettings | None = None, source: str = ""):
+                 settings: DecideSettings | None = None, source: str = "", calibration: Calibration | None = None):
         self.backend = backend
         self.name = name
         self.source = source
         self.decider = Decider(backend, cache)
         self.settings = settings or DecideSettings()
+        temps = self.settings.temperature
+        self.temperatures = Temperatures(per_type=tuple(clamp(temps.get(q, 1.0)) for q in QTYPES))  # type: ignore[arg-type]
+        self.calibration = calibration
+        self.abstention = calibration.abstention if calibration else None
+        if calibration is not None:
+            calibration.check_model(self.fingerprint, source or name)
+            self.temperatures = calibration.over(self.temperatures)
         self._lock = threading.Lock()  # one live context: decisions run one at a time
         space = backend.tokenize(" A", prompt=False)
         self.style = LabelStyle(templated=backend.templated, space_labels=len(space) == 1)
@@ -95,25 +102,42 @@ class DecideModel:
                                         error_type="max_tokens_exceeded")
         return list(states), parsed
 
-    def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True) -> dict[str, Any]:
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the GGUF file: what a calibration file names."""
+        from laya.checkpoint import sha256_of
+
+        return sha256_of(Path(self.source)) if self.source and Path(self.source).is_file() else ""
+
+    def evidence_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True
+                     ) -> tuple[list[Evidence], list[dict[str, Any]], int]:
+        """Per question: the first-token log-probabilities of each readout (untempered), the question's
+        extras (outside mass, prefill reports), and the prompt tokens read in all."""
         prefix = prefix_for(state)
-        answers, tokens = {}, 0
+        evidence, extras, tokens = [], [], 0
         with self._lock:
             for q in parsed:
-                probs, outside, reports = np.zeros(q.n_options), 0.0, []
+                readouts, outside, reports = [], 0.0, []
                 reads = self.readouts(q)
                 for read in reads:
                     scores, report = self.decider.decide(prefix, read.suffix, list(read.labels),
-                                                         temperature=self.settings.for_type(q.qtype),
                                                          reuse_prefix=reuse_prefix)
-                    probs[list(read.keys)] += scores.probabilities
+                    readouts.append((tuple(read.keys), scores.logp))
                     outside += scores.outside_mass
                     reports.append(report)
                     tokens += report.n_tokens
-                probs /= len(reads)
-                extras = {"x_outside_mass": outside / len(reads),
-                          "x_prefill": [r.as_extras() for r in reports]}
-                answers[q.qid] = decode.answer(q, probs, extras)
+                evidence.append(Evidence(q.qtype, q.n_options, tuple(readouts)))
+                extras.append({"x_outside_mass": outside / len(reads), "x_prefill": [r.as_extras() for r in reports]})
+        return evidence, extras, tokens
+
+    def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True) -> dict[str, Any]:
+        evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix)
+        answers = {}
+        for q, ev, extra in zip(parsed, evidence, extras):
+            p = ev.probabilities(self.temperatures.for_question(q.qtype, q.n_options))
+            if self.abstention is not None:
+                extra |= self.abstention.extras(q.qtype, q.n_options, p)
+            answers[q.qid] = decode.answer(q, p, extra)
         return {"model": self.name, "answers": answers, "usage": {"input_tokens": int(tokens), "output_tokens": 0}}
 
     def predict(self, state: Any, questions: Mapping[str, Any], *, reuse_prefix: bool = True) -> dict[str, Any]:

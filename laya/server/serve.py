@@ -43,6 +43,8 @@ class ServeOptions:
     threads: int | None = None
     n_ctx: int = 4096  # decide engine context
     prefix_cache: str = "auto"  # decide engine kept state: auto | on | off
+    # `--calibration [NAME=]PATH`: by model name; the key "" applies to a model given without a name
+    calibration: dict[str, str] = field(default_factory=dict)
     server: ServerConfig = field(default_factory=ServerConfig)
 
 
@@ -62,15 +64,13 @@ def smollm2_gguf() -> Path | None:
 
 def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
     """One model as an engine: a `.gguf` file goes to the decide engine, anything else is a laya checkpoint."""
+    calibration = options.calibration.get(spec.name or "") or options.calibration.get("")
     if spec.source.lower().endswith(".gguf"):
-        from laya.decide.llama import LlamaBackend
-        from laya.decide.model import DecideModel
-        from laya.decide.policy import PrefixCache
+        from laya.decide.llama import open_gguf
         from laya.engines import DecideEngine
 
-        backend = LlamaBackend(spec.source, n_ctx=options.n_ctx, n_threads=options.threads)
-        name = spec.name or Path(spec.source).stem.lower()
-        model = DecideModel(backend, name, cache=PrefixCache(policy=options.prefix_cache), source=spec.source)
+        model = open_gguf(spec.source, name=spec.name, n_ctx=options.n_ctx, threads=options.threads,
+                          prefix_cache=options.prefix_cache, calibration=calibration)
         return DecideEngine(model, description=f"{Path(spec.source).name} read by first-token scoring")
 
     import laya
@@ -78,7 +78,8 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
     from laya.models.registry import lookup
 
     runtime_options = {"threads": options.threads} if options.threads else {}
-    model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only, **runtime_options)
+    model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only,
+                      calibration=calibration, **runtime_options)
     entry = lookup(spec.source)
     return EncoderEngine(model, description=entry.description if entry else f"laya checkpoint {spec.source}")
 
@@ -122,7 +123,7 @@ def app_from_env():
     raw = json.loads(os.environ[CONFIG_ENV])
     options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
                            threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
-                           server=ServerConfig(**raw["server"]))
+                           calibration=raw["calibration"], server=ServerConfig(**raw["server"]))
     return build_app(options)
 
 
@@ -142,7 +143,8 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
     if workers > 1:
         os.environ[CONFIG_ENV] = json.dumps({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
                                              "threads": options.threads, "n_ctx": options.n_ctx,
-                                             "prefix_cache": options.prefix_cache, "server": asdict(options.server)})
+                                             "prefix_cache": options.prefix_cache,
+                                             "calibration": options.calibration, "server": asdict(options.server)})
         uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
     else:

@@ -1,0 +1,97 @@
+"""The calibration file `laya calibrate` writes and `laya.load(..., calibration=)` applies.
+
+It sits beside a model and never rewrites it. Its temperatures replace the model's own for every
+question type it fitted (that type's bucket values included: they were fitted to other data); types it
+did not fit keep the model's values. It names the model it was fitted on (the checkpoint's
+fingerprint, or the GGUF file's sha256) and is refused on any other model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laya.calibration.abstention import Abstention
+from laya.calibration.temperatures import Temperatures, clamp
+from laya.config import QTYPES
+from laya.errors import CheckpointError
+
+FORMAT = "laya-calibration"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    model: str  # the fingerprint of what it was fitted on
+    temperature: dict[str, float]  # per question type
+    temperature_by_options: dict[str, float] = field(default_factory=dict)
+    abstention: Abstention | None = None
+    fitted: dict[str, Any] = field(default_factory=dict)  # data, split, seed, counts: for people
+    path: str = ""
+
+    def over(self, base: Temperatures) -> Temperatures:
+        """`base` with this file's fitted types replaced."""
+        per_type = tuple(self.temperature.get(q, base.per_type[i]) for i, q in enumerate(QTYPES))
+        kept = {k: v for k, v in base.by_bucket.items() if k.split(":")[0] not in self.temperature}
+        return Temperatures(per_type=per_type, by_bucket=kept | dict(self.temperature_by_options))  # type: ignore[arg-type]
+
+    def check_model(self, fingerprint: str, what: str) -> None:
+        if self.model and fingerprint and self.model != fingerprint:
+            raise CheckpointError(f"{self.path}: this calibration was fitted on another model than {what} "
+                                  f"(fitted on {self.model[:16]}..., this one is {fingerprint[:16]}...)")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "model": self.model,
+                               "temperature": dict(self.temperature),
+                               "temperature_by_options": dict(self.temperature_by_options)}
+        if self.abstention is not None:
+            out["abstention"] = self.abstention.to_dict()
+        out["fitted"] = self.fitted
+        return out
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def load_calibration(path: str | os.PathLike) -> Calibration:
+    where = os.fspath(path)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckpointError(f"{where}: cannot read the calibration file ({exc.strerror or exc})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: not a JSON calibration file ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: not a laya calibration file (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise CheckpointError(f"{where}: calibration version {data.get('version')!r} is not supported ({VERSION})")
+
+    def temps(key: str, allowed) -> dict[str, float]:
+        raw = data.get(key) or {}
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{where}: {key} must be an object")
+        out = {}
+        for name, value in raw.items():
+            if not allowed(name):
+                raise CheckpointError(f"{where}: {key} has an unknown key {name!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or clamp(value) != value:
+                raise CheckpointError(f"{where}: {key}[{name!r}] = {value!r} is not a temperature in [0.5, 5]")
+            out[str(name)] = float(value)
+        return out
+
+    from laya.calibration.temperatures import BUCKETS
+
+    per_type = temps("temperature", lambda k: k in QTYPES)
+    by_bucket = temps("temperature_by_options",
+                      lambda k: isinstance(k, str) and k.partition(":")[0] in QTYPES and k.partition(":")[2] in BUCKETS)
+    abstention = None
+    if data.get("abstention") is not None:
+        try:
+            abstention = Abstention.from_dict(data["abstention"], where)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from exc
+    return Calibration(model=str(data.get("model") or ""), temperature=per_type, temperature_by_options=by_bucket,
+                       abstention=abstention, fitted=dict(data.get("fitted") or {}), path=where)
