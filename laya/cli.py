@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -53,7 +54,7 @@ def _load(args: argparse.Namespace):
     import laya
 
     return laya.load(args.model, runtime=args.runtime, revision=args.revision, subfolder=args.subfolder,
-                     sha256=args.sha256, **runtime_options(args))
+                     sha256=args.sha256, calibration=getattr(args, "calibration", None), **runtime_options(args))
 
 
 def runtime_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,8 +136,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
     from laya.server.app import ServerConfig
     from laya.server.serve import ModelSpec, ServeOptions, serve
 
@@ -144,13 +143,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
-                           threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache, server=config)
+                           threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
+                           calibration=calibration_args(args.calibration, args.model), server=config)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
     print(f"laya: serving on http://{args.host}:{args.port} (demo page at /, API at /v1/systemone)", file=sys.stderr)
     serve(options, host=args.host, port=args.port, workers=args.workers)
     return 0
+
+
+def calibration_args(values: list[str] | None, models: list[str] | None) -> dict[str, str]:
+    """`--calibration [NAME=]PATH` (repeatable) -> {model name or "": path}, checked against the models."""
+    out: dict[str, str] = {}
+    names = {m.partition("=")[0] for m in models or [] if "=" in m and "/" not in m.partition("=")[0]}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep or "/" in name or os.sep in name:
+            name, path = "", value
+        if name and name not in names:
+            raise UsageError(f"--calibration {value}: no model is named {name!r} (name models with -m NAME=PATH)")
+        if name in out:
+            raise UsageError(f"--calibration given twice for {'model ' + repr(name) if name else 'the models'}")
+        if not Path(path).is_file():
+            raise UsageError(f"--calibration {value}: {path} is not a file")
+        out[name] = path
+    if "" in out and len(models or []) > 1:
+        raise UsageError("with several models, say which one a calibration is for: --calibration NAME=PATH")
+    return out
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -175,7 +195,75 @@ def cmd_export(args: argparse.Namespace) -> int:
                   f"batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} rows", file=sys.stderr)
         print(out)
         return 0
+    if args.format == "mlx":
+        from laya.export.mlx import export_bundle as export_mlx
+
+        if args.int8:
+            raise UsageError("--int8 is for ONNX bundles; MLX bundles are fp16 or fp32 (--precision)")
+        export_mlx(checkpoint, out, precision=args.precision or "fp16")
+        print(out)
+        return 0
+    if args.format == "coreml":
+        from laya.export.coreml import export_bundle as export_coreml
+
+        if args.int8:
+            raise UsageError("--int8 is for ONNX bundles; Core ML bundles are fp16 or fp32 (--precision)")
+
+        def say(message: str) -> None:
+            print(f"export: {message}", file=sys.stderr, flush=True)
+
+        export_coreml(checkpoint, out, precision=args.precision or "fp16", ane=args.ane, progress=say)
+        print(out)
+        return 0
     raise UsageError(f"unknown export format {args.format!r}")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from laya.calibration.data import read_records
+    from laya.calibration.run import calibrate, text_summary
+
+    records = read_records(args.data)  # every line checked before the model loads
+    if args.model.lower().endswith(".gguf"):
+        from laya.decide.llama import open_gguf
+
+        model = open_gguf(args.model, n_ctx=args.n_ctx, threads=args.threads)
+        fingerprint, buckets = model.fingerprint, args.buckets == "on"
+    else:
+        model = _load(args)
+        fingerprint, buckets = model.checkpoint.fingerprint, args.buckets != "off"
+    started = time.perf_counter()
+
+    tty = sys.stderr.isatty()
+    shown = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // total
+        if tty or tenth != shown[0]:
+            shown[0] = tenth
+            rate = done / max(1e-9, time.perf_counter() - started)
+            end = "\n" if done == total or not tty else ""
+            print(f"\rcalibrate: {done}/{total} lines ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
+
+    try:
+        outcome = calibrate(model, records, fingerprint=fingerprint, holdout=args.holdout, seed=args.seed,
+                            buckets=buckets, min_bucket=args.min_bucket, target_precision=args.target_precision,
+                            bins=args.bins, progress=progress, data_name=Path(args.data).name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    outcome.calibration.save(args.out)
+    summary = text_summary(outcome.report)
+    if args.report_dir:
+        from laya.calibration.plots import coverage_plot, reliability_diagram
+
+        folder = Path(args.report_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "calibration-report.json").write_text(json.dumps(outcome.report, indent=2) + "\n")
+        (folder / "calibration-report.txt").write_text(summary + "\n")
+        reliability_diagram(outcome.heldout_before, outcome.heldout_after, args.bins, folder / "reliability.png")
+        coverage_plot(outcome.heldout_before, outcome.heldout_after, folder / "coverage.png", args.target_precision)
+    print(summary)
+    print(f"wrote {args.out}" + (f" and the report in {args.report_dir}" if args.report_dir else ""), file=sys.stderr)
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -188,6 +276,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options = {"threads": args.threads} if args.threads else {}
         if precision:
             options["precision"] = precision
+        if args.threads and name == "mlx":
+            options.pop("threads")  # MLX sizes its own thread pool
         if args.force and name == "onnx":
             options["force"] = True
         source = args.model
@@ -217,6 +307,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
     parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
     parser.add_argument("--threads", type=int, help="CPU threads for the runtime")
+    parser.add_argument("--calibration", help="a calibration file from `laya calibrate` to apply")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--n-ctx", type=int, default=4096, help="context of GGUF models (decide engine)")
     srv.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",
                      help="decide engine: keep the model state after the prompt prefix")
+    srv.add_argument("--calibration", action="append", metavar="[NAME=]PATH",
+                     help="a file from `laya calibrate`: its temperatures and abstention threshold apply to the model "
+                          "(NAME picks the model when serving several)")
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
     srv.add_argument("--max-pending", type=int, default=64, help="requests queued per model before 429")
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
@@ -257,14 +351,39 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     exp = sub.add_parser("export", help="export a checkpoint to a runtime bundle")
-    exp.add_argument("format", choices=["onnx"], help="bundle format")
+    exp.add_argument("format", choices=["onnx", "mlx", "coreml"], help="bundle format")
     exp.add_argument("model", help="checkpoint folder, registered name or Hub id")
     exp.add_argument("out", help="output folder")
-    exp.add_argument("--int8", action="store_true", help="dynamic int8 encoder matmuls, gated against fp32")
+    exp.add_argument("--int8", action="store_true", help="onnx: dynamic int8 encoder matmuls, gated against fp32")
+    exp.add_argument("--precision", choices=["fp16", "fp32"],
+                     help="mlx: weight dtype; coreml: compute precision of the general program (default fp16)")
+    exp.add_argument("--ane", action="store_true",
+                     help="coreml: also the fixed-shape Neural Engine programs (buckets 64, 96, 128; 256 multilingual)")
     exp.add_argument("--revision")
     exp.add_argument("--subfolder")
     exp.add_argument("--sha256")
     exp.set_defaults(func=cmd_export)
+
+    cal = sub.add_parser("calibrate", help="fit temperatures and an abstention threshold on labelled decisions")
+    cal.add_argument("model", help="checkpoint folder, registered name, Hub id, bundle, or chat .gguf file")
+    cal.add_argument("data", help='JSONL: {"state", "questions", "labels": {qid: answer}} per line')
+    cal.add_argument("--out", default="calibration.json", help="the calibration file to write")
+    cal.add_argument("--report-dir", help="also write the report (JSON, text) and the two plots (PNG) here")
+    cal.add_argument("--target-precision", type=float, help="choose an abstention threshold for this precision")
+    cal.add_argument("--holdout", type=float, default=0.3, help="share of lines held out for the report")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the train/held-out split")
+    cal.add_argument("--min-bucket", type=int, default=100,
+                     help="fewest training answers for a bucket (and held-out answers for a bucket threshold)")
+    cal.add_argument("--bins", type=int, default=10, help="equal-mass bins of the ECE and the reliability diagram")
+    cal.add_argument("--buckets", choices=["auto", "on", "off"], default="auto",
+                     help="fit per option-count bucket too (auto: checkpoints yes, GGUF models per type only)")
+    cal.add_argument("--runtime", "-r", help="runtime of a laya checkpoint")
+    cal.add_argument("--threads", type=int)
+    cal.add_argument("--n-ctx", type=int, default=4096, help="context of a GGUF model")
+    cal.add_argument("--revision")
+    cal.add_argument("--subfolder")
+    cal.add_argument("--sha256")
+    cal.set_defaults(func=cmd_calibrate)
 
     ben = sub.add_parser("bench", help="time a model on runtimes (interleaved, medians, ratios)")
     ben.add_argument("model", help="checkpoint folder, registered name or Hub id")

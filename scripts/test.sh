@@ -12,5 +12,13 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "test: chromium not found; install Debian's chromium package to run the demo page test" >&2
     fi
 fi
+. scripts/mlx-blas.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -m "not mlx" "$@"
+# MLX in its own process, with OpenBLAS preloaded (see scripts/mlx-blas.sh). Exit code 5 means the
+# arguments selected no MLX test, which is fine.
+status=0
+with_mlx_blas .venv/bin/python -m pytest -m mlx "$@" || status=$?
+if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
+    exit "$status"
+fi

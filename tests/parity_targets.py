@@ -9,6 +9,7 @@ exceeds twice that bound.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,16 @@ TARGETS = [
     # int8: a bundle is only usable when its export gate passed (max |dp| <= 0.05 on the gate's fixed
     # rows); on arbitrary inputs its documented bound is 0.1, with no flip past twice that margin.
     ParityTarget("onnx", {"precision": "int8", "force": True}, max_dp=0.1, label="onnx-int8", gated=True),
+    ParityTarget("mlx", {"precision": "fp32"}, label="mlx-fp32"),
+    ParityTarget("mlx", {"precision": "fp16"}, max_dp=0.02, label="mlx-fp16"),
+    # Core ML, verified without a Mac: (a) the fp32 torch graphs the programs are converted from (general
+    # and channel-first Neural Engine ones, rows routed as on a Mac); (c) the saved fp16 programs run by
+    # laya's numpy MIL evaluator.
+    ParityTarget("coreml", {"executor": "torch"}, label="coreml-torch-fp32"),
+    ParityTarget("coreml", {"executor": "mil"}, max_dp=0.02, label="coreml-mil-fp16"),
 ]
+if sys.platform == "darwin":  # on a Mac, Core ML itself
+    TARGETS.append(ParityTarget("coreml", {"executor": "coreml"}, max_dp=0.02, label="coreml-fp16"))
 
 
 def installed_targets() -> list[ParityTarget]:

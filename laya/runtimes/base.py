@@ -33,6 +33,8 @@ class Runtime(Protocol):
 RUNTIMES: dict[str, tuple[str, str, str]] = {
     "torch": ("laya.runtimes.pytorch", "TorchRuntime", "torch"),
     "onnx": ("laya.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
+    "mlx": ("laya.runtimes.mlx", "MlxRuntime", "mlx"),
+    "coreml": ("laya.runtimes.coreml", "CoremlRuntime", "coremltools"),
 }
 
 
