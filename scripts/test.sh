@@ -15,10 +15,11 @@ fi
 . scripts/mlx-blas.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -m "not mlx" "$@"
-# MLX in its own process, with OpenBLAS preloaded (see scripts/mlx-blas.sh). Exit code 5 means the
-# arguments selected no MLX test, which is fine.
+# MLX in its own process, with OpenBLAS preloaded (see scripts/mlx-blas.sh). One OpenBLAS thread: the
+# reference runtime (torch) runs beside MLX there, and OpenBLAS's spinning threads slow it 10x on the
+# test models. Exit code 5 means the arguments selected no MLX test, which is fine.
 status=0
-with_mlx_blas .venv/bin/python -m pytest -m mlx "$@" || status=$?
+with_mlx_blas env OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -m mlx "$@" || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
     exit "$status"
 fi
