@@ -119,6 +119,17 @@ def test_predict_and_serve_take_the_calibration(encoder_run, checkpoint_dir, cap
     options = ServeOptions(calibration={"m": str(root / "cal.json")})
     engine = load_engine(ModelSpec(str(checkpoint_dir), name="m"), options)
     assert engine.model.abstention is not None
+    import httpx
+    from live_server import LiveServer
+
+    from laya.server.app import create_app
+
+    with LiveServer(create_app(lambda: [engine])) as live:
+        reply = httpx.post(live.url + "/v1/systemone", json={"model": "m", "state": "refund please",
+                                                             "questions": QUESTIONS}, timeout=30)
+    assert reply.status_code == 200
+    for answer in reply.json()["answers"].values():
+        assert isinstance(answer["x_abstain"], bool) and 0.0 < answer["x_threshold"] <= 1.0
     assert main(["serve", "-m", f"m={checkpoint_dir}", "--calibration", f"other={root / 'cal.json'}"]) == 2
     assert "no model is named 'other'" in capsys.readouterr().err
 

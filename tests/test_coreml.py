@@ -107,6 +107,12 @@ def test_core_ml_itself_is_refused_off_macos_naming_the_platform(bundle):
         load_quiet(bundle)
 
 
+def test_the_general_program_is_never_put_on_the_neural_engine(bundle):
+    for units in ("all", "cpu_and_ne"):
+        with pytest.raises(RuntimeUnavailable, match="wrong answers on the Neural Engine"):
+            load_quiet(bundle, executor="mil", compute_units=units)
+
+
 def test_the_evaluator_names_an_operation_it_does_not_know(bundle, monkeypatch):
     program = mil.Program(bundle / "ane-L64.mlpackage")
     monkeypatch.delitem(mil.OPS, "softmax")

@@ -1,9 +1,10 @@
 """`runtime="coreml"`: Core ML bundles on Apple platforms, with the Neural Engine for compact prompts.
 
 Each row goes to the smallest Neural Engine bucket it fits (tokens <= L, options <= 32 slots) when
-the bundle has them, else to the general program; never truncated. The host does, in fp32, what the
-Neural Engine programs leave to it: the embedding gather, the type vector, the additive masks and
-the act head.
+the bundle has them, else to the general program; never truncated. The general program runs on
+`compute_units` (CPU or CPU+GPU: never the Neural Engine, where its plain layout is known to answer
+wrongly without raising). The host does, in fp32, what the Neural Engine programs leave to it: the
+embedding gather, the type vector, the additive masks and the act head.
 
 `executor` says what runs the programs:
 - `coreml` (the default, macOS only): Core ML itself, with `compute_units` for the general program
@@ -32,7 +33,10 @@ from laya.encoder.batch import Batch
 from laya.errors import CheckpointError, RuntimeUnavailable
 
 EXECUTORS = ("coreml", "mil", "torch")
-COMPUTE_UNITS = {"all": "ALL", "cpu_only": "CPU_ONLY", "cpu_and_gpu": "CPU_AND_GPU", "cpu_and_ne": "CPU_AND_NE"}
+# The general program has the plain (B, L, C) layout, which gives wrong answers on the Neural Engine
+# without raising: it never runs there. Only the channel-first bucket programs do.
+COMPUTE_UNITS = {"cpu_only": "CPU_ONLY", "cpu_and_gpu": "CPU_AND_GPU"}
+NEURAL_ENGINE = "CPU_AND_NE"
 MASK = -1e4
 MASKED_LOGIT = -1e4
 
@@ -92,12 +96,15 @@ class HostParts:
 class CoremlRuntime:
     name = "coreml"
 
-    def __init__(self, checkpoint: Checkpoint, compute_units: str = "all", executor: str = "coreml",
+    def __init__(self, checkpoint: Checkpoint, compute_units: str = "cpu_and_gpu", executor: str = "coreml",
                  ane: bool = True, precision: str = "fp16", cache_dir: str | os.PathLike | None = None):
         if executor not in EXECUTORS:
             raise RuntimeUnavailable(f"Core ML executor must be one of {EXECUTORS}, got {executor!r}")
         if compute_units not in COMPUTE_UNITS:
-            raise RuntimeUnavailable(f"compute_units must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}")
+            raise RuntimeUnavailable(
+                f"compute_units of the general program must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}: "
+                "its plain layout gives wrong answers on the Neural Engine, so it never runs there (the "
+                "Neural Engine bucket programs do, for rows that fit them)")
         if executor == "coreml" and not (sys.platform == "darwin"):
             raise RuntimeUnavailable(
                 f"Core ML predicts only on macOS (and iOS); this is {platform.system()} {platform.machine()}. "
@@ -131,7 +138,7 @@ class CoremlRuntime:
             self.slots = int(ane_part["slots"])
             self.host = HostParts(load_file(str(folder / ane_part["host_weights"])), enc.local_attention, self.pad_id)
             for bucket in ane_part["buckets"]:
-                self.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], "cpu_and_ne")
+                self.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], NEURAL_ENGINE)
         self.routed = {"ane": 0, "general": 0}
 
     # construction
@@ -142,13 +149,14 @@ class CoremlRuntime:
         return cached_bundle(checkpoint, precision, ane, Path(cache_dir) if cache_dir else None)
 
     def _program(self, path: Path, units: str) -> Predictor:
+        """`units`: a COMPUTE_UNITS key, or NEURAL_ENGINE for the channel-first bucket programs."""
         if self.executor == "mil":
             from laya.runtimes.mil import Program
 
             return Program(path).run
         import coremltools as ct
 
-        model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS[units]))
+        model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS.get(units, units)))
         return lambda feeds: {k: np.asarray(v) for k, v in model.predict(feeds).items()}
 
     def _torch_programs(self, checkpoint: Checkpoint, ane: bool) -> None:
