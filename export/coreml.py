@@ -38,7 +38,7 @@ ANE_INPUTS = ["embeddings", "type_vector", "global_mask", "local_mask", "markers
 MAX_MARKERS = 255
 DEPLOYMENT = "iOS17"  # ML Program opset CoreML7 (macOS 14)
 # Bumped whenever the converted programs change, so cached bundles from an older exporter are not reused.
-PROGRAM_REVISION = 1
+PROGRAM_REVISION = 2
 
 
 LENGTHS = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -51,7 +51,10 @@ def general_lengths(max_len: int) -> list[int]:
 
 
 def ane_buckets(checkpoint: Checkpoint) -> tuple[int, ...]:
-    multilingual = checkpoint.encoder.vocab_size > 100_000 or checkpoint.tokenizer.cls_id < 10
+    """64, 96, 128; and 256 for the multilingual (mmBERT) family, whose prompts tokenise longer. The
+    family is told by mmBERT's special-id layout (pad 0, sep 1, cls 2, mask 4)."""
+    tok = checkpoint.tokenizer
+    multilingual = (tok.pad_id, tok.sep_id, tok.cls_id, tok.mask_id) == (0, 1, 2, 4)
     buckets = ANE_BUCKETS_MULTILINGUAL if multilingual else ANE_BUCKETS
     return tuple(b for b in buckets if b <= checkpoint.config.max_len)
 

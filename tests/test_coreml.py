@@ -124,8 +124,35 @@ def test_the_evaluator_names_an_operation_it_does_not_know(bundle, monkeypatch):
         program.run(feeds)
 
 
-def test_the_evaluator_covers_exactly_what_the_bundles_use(bundle):
+@pytest.fixture(scope="module")
+def fp32_general(tmp_path_factory):
+    from laya.export.coreml import convert_general
+
+    path = tmp_path_factory.mktemp("coreml32") / "general.mlpackage"
+    convert_general(load_checkpoint(SOURCE), path, "fp32")
+    return path
+
+
+def test_the_fp32_general_program_matches_its_torch_graph(fp32_general):
+    import torch
+    from laya.export.coreml import general_module
+
+    program, module = mil.Program(fp32_general), general_module(load_checkpoint(SOURCE))
+    rng = np.random.default_rng(0)
+    for n, length, k in [(20, 32, 3), (100, 128, 40), (256, 256, 2)]:
+        ids = np.zeros((1, length), np.int32)
+        ids[0, :n] = rng.integers(5, 700, n)
+        feeds = {"input_ids": ids, "n_tokens": np.array([n], np.int32), "qtype": np.array([k % 3], np.int32),
+                 "marker_pos": np.sort(rng.choice(np.arange(1, n), k, replace=False))[None].astype(np.int32)}
+        got = program.run(feeds)
+        with torch.no_grad():
+            want = module(*[torch.from_numpy(feeds[name]) for name in ("input_ids", "n_tokens", "marker_pos", "qtype")])
+        np.testing.assert_allclose(got["logits"], want[0].numpy(), atol=1e-4)
+        np.testing.assert_allclose(got["act_logits"], want[1].numpy(), atol=1e-4)
+
+
+def test_the_evaluator_covers_exactly_what_the_bundles_use(bundle, fp32_general):
     used = set()
-    for path in bundle.glob("*.mlpackage"):
+    for path in [*bundle.glob("*.mlpackage"), fp32_general]:
         used |= mil.Program(path).operation_types
-    assert used - {"const"} <= set(mil.OPS)
+    assert used - {"const"} == set(mil.OPS)
