@@ -53,3 +53,26 @@ def model(checkpoint_dir):
 @pytest.fixture(scope="session")
 def mm_model(mmbert_dir):
     return load_quiet(mmbert_dir)
+
+
+# A small request used by the bundle tests of every runtime.
+BUNDLE_QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
+                    "u": {"type": "noul", "instructions": "Urgent?"}}
+
+
+def predict_without_torch(bundle, state: str, questions: dict) -> dict:
+    """`laya.load(bundle).predict(...)` in a fresh process where importing torch or transformers fails."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json, warnings; warnings.simplefilter('ignore')\n"
+        "sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "import laya\n"
+        f"m = laya.load({str(bundle)!r})\n"
+        f"print(json.dumps(m.predict({state!r}, {questions!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

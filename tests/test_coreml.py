@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, load_quiet
+from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet
 
 pytest.importorskip("coremltools")
 
@@ -20,8 +20,7 @@ from laya.errors import RuntimeUnavailable  # noqa: E402
 from laya.runtimes import mil  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
-QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
-             "u": {"type": "noul", "instructions": "Urgent?"}}
+QUESTIONS = BUNDLE_QUESTIONS
 
 
 @pytest.fixture(scope="module")

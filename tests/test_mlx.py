@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, load_quiet
+from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, predict_without_torch
 
 pytest.importorskip("mlx.core")
 pytestmark = pytest.mark.mlx
@@ -21,8 +20,7 @@ from laya.errors import CheckpointError  # noqa: E402
 from laya.runtimes.mlx import MlxRuntime, mlx_length  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
-QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
-             "u": {"type": "noul", "instructions": "Urgent?"}}
+QUESTIONS = BUNDLE_QUESTIONS
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +104,7 @@ def test_far_padding_changes_nothing(precision):
 
 
 def test_bundle_runs_without_torch(bundles):
-    code = (
-        "import sys, json, warnings; warnings.simplefilter('ignore')\n"
-        "sys.modules['torch'] = None; sys.modules['transformers'] = None\n"  # importing either now fails
-        "import laya\n"
-        f"m = laya.load({str(bundles / 'fp32')!r})\n"
-        f"print(json.dumps(m.predict('refund please', {QUESTIONS!r})))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["answers"]["u"]["type"] == "noul"
+    assert predict_without_torch(bundles / "fp32", "refund please", QUESTIONS)["answers"]["u"]["type"] == "noul"
 
 
 def test_a_bundle_of_another_kind_is_refused(bundles):

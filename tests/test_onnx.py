@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-from conftest import GOLDEN, load_quiet
+from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, predict_without_torch
 
 pytest.importorskip("onnxruntime")
 
@@ -19,8 +17,7 @@ from laya.checkpoint import load_checkpoint  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
-QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
-             "u": {"type": "noul", "instructions": "Urgent?"}}
+QUESTIONS = BUNDLE_QUESTIONS
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +52,7 @@ def test_exporting_twice_gives_the_same_bytes(bundles):
 
 def test_bundle_runs_without_torch(bundles):
     expected = load_quiet(SOURCE, "torch").predict("refund please", QUESTIONS)
-    code = (
-        "import sys, json, warnings; warnings.simplefilter('ignore')\n"
-        "sys.modules['torch'] = None; sys.modules['transformers'] = None\n"  # importing either now fails
-        "import laya\n"
-        f"m = laya.load({str(bundles / 'fp32')!r})\n"
-        f"print(json.dumps(m.predict('refund please', {QUESTIONS!r})))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
+    got = predict_without_torch(bundles / "fp32", "refund please", QUESTIONS)
     assert got["usage"] == expected["usage"]
     for key, p in expected["answers"]["t"]["probabilities"].items():
         assert got["answers"]["t"]["probabilities"][key] == pytest.approx(p, abs=1e-4)

@@ -32,7 +32,11 @@ def reliability_diagram(before: tuple[np.ndarray, np.ndarray], after: tuple[np.n
         ax.plot([top[g].mean() for g in groups], [correct[g].mean() for g in groups], style, label=name)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="mean top probability (equal-mass bins)", ylabel="accuracy",
            title=title or f"Reliability, held-out ({bins} bins)")
-    ax.legend(loc="upper left")
+    return _save(plt, fig, ax, path, legend="upper left")
+
+
+def _save(plt, fig, ax, path, legend: str) -> Path:
+    ax.legend(loc=legend)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -52,9 +56,4 @@ def coverage_plot(before: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray
         ax.axhline(target, color="0.5", linestyle=":", label=f"precision {target:.0%}")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), xlabel="coverage (share of answers given)", ylabel="accuracy of answers given",
            title=title or "Accuracy vs coverage, held-out")
-    ax.legend(loc="lower left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, ax, path, legend="lower left")
