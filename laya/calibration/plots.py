@@ -56,4 +56,4 @@ def coverage_plot(before: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray
         ax.axhline(target, color="0.5", linestyle=":", label=f"precision {target:.0%}")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), xlabel="coverage (share of answers given)", ylabel="accuracy of answers given",
            title=title or "Accuracy vs coverage, held-out")
-    return _save(plt, fig, ax, path, legend="lower left")
+    return _save(plt, fig, ax, path, legend="best")
