@@ -19,6 +19,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from laya.export.torch_net import HEAD_NORM_SCALE
 from torch import nn
 
 from laya.config import EncoderConfig
@@ -26,7 +27,6 @@ from laya.config import EncoderConfig
 SLOTS = 32  # option markers per row on the Neural Engine
 MASK = -1e4  # additive mask value: finite in fp16, and twice it too
 ENCODER_NORM_SCALE = 1.0
-HEAD_NORM_SCALE = 1.0 / 128.0  # |h| up to ~1e4 -> ~80 before squaring
 
 
 def _conv(weight: np.ndarray, bias: np.ndarray | None = None) -> nn.Conv2d:

@@ -23,7 +23,7 @@ from laya.checkpoint import Checkpoint
 
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
-GRAPH_REVISION = 3
+GRAPH_REVISION = 4
 INPUTS = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
 OUTPUTS = ["logits", "act_logits"]
 

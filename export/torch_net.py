@@ -2,8 +2,8 @@
 
 The reference runtime runs transformers' ModernBERT; exporters need a graph whose shape they control:
 attention as one replaceable call (ONNX Runtime's fused `MultiHeadAttention`, or plain matmuls), RoPE
-tables computed in the graph from the sequence length, and the head's tail batched with traceable
-shapes. Same maths as laya-format.md sections 3 and 6; the parity suite checks every graph built from
+tables precomputed in fp32 and sliced to the sequence length, and the head's tail batched with
+traceable shapes. Same maths as laya-format.md sections 3 and 6; the parity suite checks every graph built from
 it against the reference.
 """
 
@@ -20,7 +20,16 @@ from laya.checkpoint import Checkpoint
 from laya.config import EncoderConfig
 
 MASKED_LOGIT = -1e4
+# Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
+# their input by this first (LayerNorm is scale-invariant; eps is scaled to match), so an fp16 program
+# (Core ML) keeps its statistics in range; in fp32 it changes nothing but the last bits.
+HEAD_NORM_SCALE = 1.0 / 128.0
 NEG = -1e4  # additive mask: far below any score, and finite in fp16 even doubled (Core ML); 0 * NEG is 0
+
+
+def head_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    s = HEAD_NORM_SCALE
+    return F.layer_norm(x * s, norm.normalized_shape, norm.weight, norm.bias, norm.eps * s * s)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -69,17 +78,20 @@ def ort_attention_translation():
 
 
 class Rope(nn.Module):
-    """Rotate-half RoPE; the tables are computed from the length in the graph (no length baked in)."""
+    """Rotate-half RoPE tables for positions 0..max_len-1, computed once in fp32 and sliced to the row
+    length in the graph: an fp16 program that computed position x frequency itself would lose ~0.1 rad
+    of angle at position 256."""
 
-    def __init__(self, theta: float, head_dim: int):
+    def __init__(self, theta: float, head_dim: int, max_len: int):
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], -1)[:, None, :]  # [L, 1, head_dim], broadcast over heads
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
 
     def tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.arange(length, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], -1)[:, None, :]  # [L, 1, head_dim], broadcast over heads
-        return emb.cos(), emb.sin()
+        return self.cos[:length], self.sin[:length]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -101,7 +113,8 @@ class EncoderLayer(nn.Module):
 class DecisionNet(nn.Module):
     """Encoder, decision head and act head; `load` fills it from a checkpoint's tensors."""
 
-    def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, attention: Callable = attend):
+    def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, max_len: int,
+                 attention: Callable = attend):
         super().__init__()
         d = enc.hidden_size
         self.enc, self.attention = enc, attention
@@ -110,8 +123,8 @@ class DecisionNet(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(d, enc.intermediate_size, i == 0)
                                     for i in range(enc.num_hidden_layers))
         self.final_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
-        self.rope_global = Rope(enc.global_rope_theta, enc.head_dim)
-        self.rope_local = Rope(enc.local_rope_theta, enc.head_dim)
+        self.rope_global = Rope(enc.global_rope_theta, enc.head_dim, max_len)
+        self.rope_local = Rope(enc.local_rope_theta, enc.head_dim, max_len)
         from laya.runtimes.pytorch import Head
 
         self.head = Head(d, head_layers)
@@ -124,7 +137,7 @@ class DecisionNet(nn.Module):
     @classmethod
     def load(cls, checkpoint: Checkpoint, attention: Callable = attend) -> DecisionNet:
         cfg = checkpoint.config
-        net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, attention)
+        net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, cfg.max_len, attention)
         net.load_state_dict({ours: torch.from_numpy(checkpoint.weights[theirs]).float()
                              for ours, theirs in net.checkpoint_names().items()}, strict=True)
         return net.eval()
@@ -174,11 +187,11 @@ class DecisionNet(nn.Module):
         keys = ((1.0 - attention_mask[:, None, None, :].float()) * NEG).expand(b, 1, n, n)
         for layer in self.head.layers:
             attn = layer.self_attn
-            q, k, v = F.linear(layer.norm1(h), attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
+            q, k, v = F.linear(head_norm(layer.norm1, h), attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
             h = h + attn.out_proj(self.attention(q, k, v, keys, attn.n_heads))
-            h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+            h = h + layer.linear2(F.relu(layer.linear1(head_norm(layer.norm2, h))))
         m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
-        logits = self.scorer(m).squeeze(-1).float()
+        logits = self.scorer[1:](head_norm(self.scorer[0], m)).squeeze(-1).float()
         if marker_mask is None:
             k = torch.ones_like(logits).sum(-1)
         else:

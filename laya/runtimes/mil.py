@@ -372,7 +372,6 @@ OPS: dict[str, Callable[[dict[str, list]], Any]] = {
     "real_div": _binary(np.divide), "maximum": _binary(np.maximum), "equal": _binary(np.equal),
     "less": _binary(np.less), "greater": _binary(np.greater), "greater_equal": _binary(np.greater_equal),
     "abs": lambda a: np.abs(_one(a, "x")), "log": lambda a: np.log(_f(a, "x") + float(_one(a, "epsilon", 0.0))),
-    "sin": lambda a: np.sin(_f(a, "x")), "cos": lambda a: np.cos(_f(a, "x")),
     "relu": lambda a: np.maximum(_f(a, "x"), 0.0),
     "layer_norm": _layer_norm, "batch_norm": _batch_norm, "conv": _conv, "matmul": _matmul, "linear": _linear,
     "softmax": _softmax, "gelu": _gelu, "split": _split, "slice_by_index": _slice_by_index, "reshape": _reshape,
