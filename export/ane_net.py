@@ -25,7 +25,6 @@ from torch import nn
 from laya.config import EncoderConfig
 
 SLOTS = 32  # option markers per row on the Neural Engine
-MASK = -1e4  # additive mask value: finite in fp16, and twice it too
 ENCODER_NORM_SCALE = 1.0
 
 

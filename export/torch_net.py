@@ -18,8 +18,8 @@ from torch import nn
 
 from laya.checkpoint import Checkpoint
 from laya.config import EncoderConfig
+from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
 
-MASKED_LOGIT = -1e4
 # Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
 # their input by this first (LayerNorm is scale-invariant; eps is scaled to match), so an fp16 program
 # (Core ML) keeps its statistics in range; in fp32 it changes nothing but the last bits.
@@ -130,8 +130,6 @@ class DecisionNet(nn.Module):
         self.head = Head(d, head_layers)
         self.type_emb = nn.Embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d, eps=1e-5), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
-        from laya.heads.layout import ACT_HIDDEN
-
         self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
 
     @classmethod

@@ -7,7 +7,7 @@ of logits is decoded with its bucket's temperature.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,14 +78,6 @@ class Model:
         rows = [build_rows(self.tokenizer, s, parsed, self.max_len, self.head_max_len, heads) for s in states]
         return Prepared(questions=parsed, rows=rows)
 
-    def evidence(self, prepared: Prepared) -> list[list[Evidence]]:
-        """Per state, per question: the untempered option logits and act probability (for fitting)."""
-        flat = [row for rows in prepared.rows for row in rows]
-        logits, acts = self.run(flat)
-        n = len(prepared.questions)
-        return [[Evidence.single(q.qtype, logits[i * n + j], decode.act_probability(acts[i * n + j]))
-                 for j, q in enumerate(prepared.questions)] for i in range(len(prepared.rows))]
-
     def run(self, rows: list[Row]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Logits (cut to each row's options) and act logits of `rows`.
 
@@ -141,16 +133,26 @@ class Model:
 
     def answer(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
         """Responses of several prepared requests, their rows sharing forward passes."""
+        return self._per_state(jobs, lambda job, rows, z, a: self.respond(job.questions, rows, z, a))
+
+    def evidence(self, jobs: list[Prepared]) -> list[list[list[Evidence]]]:
+        """Per request, per state, per question: the untempered option logits and the act probability
+        (what calibration fits on), the rows of all requests sharing forward passes."""
+        return self._per_state(jobs, lambda job, rows, z, a: [
+            Evidence.single(q.qtype, zi, decode.act_probability(ai)) for q, zi, ai in zip(job.questions, z, a)])
+
+    def _per_state(self, jobs: list[Prepared], make: Callable[[Prepared, list[Row], list, list], Any]) -> list[list]:
+        """Run every row of `jobs` together, then `make(job, rows, logits, acts)` once per state."""
         flat = [row for job in jobs for rows in job.rows for row in rows]
         logits, acts = self.run(flat)
         out, at = [], 0
         for job in jobs:
-            responses = []
+            per_state = []
             for rows in job.rows:
                 n = len(rows)
-                responses.append(self.respond(job.questions, rows, logits[at : at + n], acts[at : at + n]))
+                per_state.append(make(job, rows, logits[at : at + n], acts[at : at + n]))
                 at += n
-            out.append(responses)
+            out.append(per_state)
         return out
 
     def predict(self, state: Any, questions: Mapping[str, Any]) -> dict[str, Any]:

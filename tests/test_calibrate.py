@@ -27,7 +27,7 @@ def write_data(model, path, n: int, temperature: float | None, seed: int = 0):
     rng = random.Random(seed)
     np_rng = np.random.default_rng(seed)
     states = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) for _ in range(n)]
-    evidence = model.evidence(model.prepare(states, QUESTIONS)) if hasattr(model, "evidence") else None
+    evidence = model.evidence([model.prepare(states, QUESTIONS)])[0] if model is not None else None
     with open(path, "w", encoding="utf-8") as out:
         for i, state in enumerate(states):
             labels = {}

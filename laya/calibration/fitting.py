@@ -67,10 +67,6 @@ class _Objective:
         return total / self.n
 
 
-def mean_nll(samples: Sequence[Labelled], temperature: float) -> float:
-    return _Objective(samples)(temperature)
-
-
 def fit_temperature(samples: Sequence[Labelled], *, grid: int = 24, tol: float = 1e-5) -> float:
     """The T in [T_MIN, T_MAX] minimising the mean NLL of `samples`."""
     if not samples:

@@ -17,12 +17,10 @@ import numpy as np
 
 from laya.calibration.abstention import Abstention, choose_threshold
 from laya.calibration.data import Record
-from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
 from laya.calibration.fitting import MIN_BUCKET_SAMPLES, FitResult, Labelled, fit_temperatures
 from laya.calibration.metrics import DEFAULT_BINS, coverage_at_precision, summarise
 from laya.calibration.temperatures import Temperatures, bucket_key
-from laya.heads.decode import act_probability
 
 RECORDS_PER_CALL = 64  # encoder models: lines whose rows share forward passes
 
@@ -49,16 +47,8 @@ def collect(model: Any, records: Sequence[Record], progress: Callable[[int, int]
         return out
     for start in range(0, len(records), RECORDS_PER_CALL):
         chunk = records[start : start + RECORDS_PER_CALL]
-        prepared = [model.prepare([r.state], r.questions) for r in chunk]
-        flat = [row for p in prepared for row in p.rows[0]]
-        logits, acts = model.run(flat)
-        at = 0
-        for record, p in zip(chunk, prepared):
-            n = len(p.questions)
-            evidence = [Evidence.single(q.qtype, logits[at + j], act_probability(acts[at + j]))
-                        for j, q in enumerate(p.questions)]
-            out.append(_labelled(record, evidence))
-            at += n
+        evidence = model.evidence([model.prepare([r.state], r.questions) for r in chunk])
+        out += [_labelled(record, per_request[0]) for record, per_request in zip(chunk, evidence)]
         if progress:
             progress(min(start + RECORDS_PER_CALL, len(records)), len(records))
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 from laya.config import AgentConfig, EncoderConfig
 
 ACT_HIDDEN = 256
+# The option logit every runtime returns for a marker slot that holds no option (runtimes/base.py).
+MASKED_LOGIT = -1e4
 ACT_FEATURES = 4
 
 

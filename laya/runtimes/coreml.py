@@ -31,6 +31,8 @@ from laya.bundle import is_bundle, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError, RuntimeUnavailable
+from laya.heads.layout import MASKED_LOGIT
+from laya.runtimes.mil import erf
 
 EXECUTORS = ("coreml", "mil", "torch")
 # The general program has the plain (B, L, C) layout, which gives wrong answers on the Neural Engine
@@ -38,13 +40,8 @@ EXECUTORS = ("coreml", "mil", "torch")
 COMPUTE_UNITS = {"cpu_only": "CPU_ONLY", "cpu_and_gpu": "CPU_AND_GPU"}
 NEURAL_ENGINE = "CPU_AND_NE"
 MASK = -1e4
-MASKED_LOGIT = -1e4
 
 Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
 def act_features(z: np.ndarray) -> np.ndarray:
@@ -89,7 +86,7 @@ class HostParts:
         w0, b0, w2, b2 = self.act
         x = np.concatenate([np.asarray(cls, np.float32).reshape(-1), act_features(logits)]).astype(np.float64)
         h = x @ w0.T.astype(np.float64) + b0
-        h = 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
+        h = 0.5 * h * (1.0 + erf(h / math.sqrt(2.0)))
         return (h @ w2.T.astype(np.float64) + b2).astype(np.float32)
 
 
@@ -105,12 +102,13 @@ class CoremlRuntime:
                 f"compute_units of the general program must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}: "
                 "its plain layout gives wrong answers on the Neural Engine, so it never runs there (the "
                 "Neural Engine bucket programs do, for rows that fit them)")
-        if executor == "coreml" and not (sys.platform == "darwin"):
+        if executor == "coreml" and sys.platform != "darwin":
             raise RuntimeUnavailable(
                 f"Core ML predicts only on macOS (and iOS); this is {platform.system()} {platform.machine()}. "
                 "Use runtime='onnx' or 'torch' here, or executor='mil' to run a bundle's programs slowly in numpy "
                 "for verification")
         self.executor, self.compute_units = executor, compute_units
+        self.routed = {"ane": 0, "general": 0}  # rows sent to each kind of program
         tok, enc = checkpoint.tokenizer, checkpoint.encoder
         self.pad_id = tok.pad_id
         if executor == "torch":
@@ -139,7 +137,6 @@ class CoremlRuntime:
             self.host = HostParts(load_file(str(folder / ane_part["host_weights"])), enc.local_attention, self.pad_id)
             for bucket in ane_part["buckets"]:
                 self.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], NEURAL_ENGINE)
-        self.routed = {"ane": 0, "general": 0}
 
     # construction
     @staticmethod
@@ -185,7 +182,6 @@ class CoremlRuntime:
                 net = AneNet(w, enc, checkpoint.config.head_layers, length).eval()
                 self.buckets[length] = wrap(net, ANE_INPUTS, ["logits", "cls"])
         self.manifest, self.folder = {}, checkpoint.path
-        self.routed = {"ane": 0, "general": 0}
 
     # running
     def bucket_for(self, n_tokens: int, n_markers: int) -> int | None:

@@ -237,14 +237,14 @@ def _softmax(args):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; exact GELU needs it
 
 
 def _gelu(args):
     x = _f(args, "x")
     mode = _one(args, "mode", "EXACT")
     if mode == "EXACT":
-        return (0.5 * x * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)))).astype(np.float32)
+        return (0.5 * x * (1.0 + erf(x.astype(np.float64) / math.sqrt(2.0)))).astype(np.float32)
     if mode == "TANH_APPROXIMATION":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     raise UnknownOperation(f"gelu mode {mode!r} is not implemented by the MIL evaluator")

@@ -23,10 +23,10 @@ from laya.bundle import is_bundle, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError
+from laya.heads.layout import MASKED_LOGIT
 
 PRECISIONS = ("auto", "fp32", "fp16")
 NEG = {"fp32": -1e9, "fp16": -3e4}  # additive mask: twice it must stay finite in the dtype (no NaN rows)
-MASKED_LOGIT = -1e4
 WEIGHTS = "weights.safetensors"
 
 

@@ -15,6 +15,7 @@ from laya.bundle import is_bundle, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError
+from laya.heads.layout import MASKED_LOGIT
 
 INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 PRECISIONS = ("fp32", "int8")
@@ -91,7 +92,7 @@ class OnnxRuntime:
     def _rows_alone(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Dynamic int8 scales each activation tensor by its own range, padding and other rows included:
         a padded batch would make a row's answer depend on its company. So each row runs alone, unpadded."""
-        logits = np.full(batch.marker_pos.shape, -1e4, dtype=np.float32)
+        logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
         acts = []
         for i in range(batch.size):
             n, k = int(batch.attention_mask[i].sum()), int(batch.marker_mask[i].sum())

@@ -16,9 +16,7 @@ from torch import nn
 from laya.checkpoint import Checkpoint
 from laya.config import EncoderConfig
 from laya.encoder.batch import Batch
-from laya.heads.layout import ACT_HIDDEN
-
-MASKED_LOGIT = -1e4
+from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
 
 
 def _no_init():
@@ -29,8 +27,7 @@ def _no_init():
     return no_init_weights()
 
 
-def build_encoder(enc: EncoderConfig, pad_id: int, cls_id: int, sep_id: int, max_len: int,
-                  attention: str = "sdpa") -> nn.Module:
+def build_encoder(enc: EncoderConfig, pad_id: int, cls_id: int, sep_id: int, max_len: int) -> nn.Module:
     """An uninitialised transformers ModernBertModel with both RoPE thetas set explicitly."""
     from transformers import AutoModel, ModernBertConfig
 
@@ -71,7 +68,7 @@ def build_encoder(enc: EncoderConfig, pad_id: int, cls_id: int, sep_id: int, max
         config.global_rope_theta = enc.global_rope_theta
         config.local_rope_theta = enc.local_rope_theta
     with _no_init():
-        return AutoModel.from_config(config, attn_implementation=attention)
+        return AutoModel.from_config(config, attn_implementation="sdpa")
 
 
 class HeadAttention(nn.Module):
@@ -160,11 +157,11 @@ class TorchRuntime:
     name = "torch"
     precision = "fp32"
 
-    def __init__(self, checkpoint: Checkpoint, threads: int | None = None, attention: str = "sdpa"):
+    def __init__(self, checkpoint: Checkpoint, threads: int | None = None):
         if threads:
             torch.set_num_threads(int(threads))
         tok, cfg, enc = checkpoint.tokenizer, checkpoint.config, checkpoint.encoder
-        encoder = build_encoder(enc, tok.pad_id, tok.cls_id, tok.sep_id, cfg.max_len, attention)
+        encoder = build_encoder(enc, tok.pad_id, tok.cls_id, tok.sep_id, cfg.max_len)
         net = DecisionNet(encoder, enc.hidden_size, cfg.head_layers, cfg.n_act)
         state = {k: torch.from_numpy(v) for k, v in checkpoint.weights.items()}
         net.load_state_dict(state, strict=True)
