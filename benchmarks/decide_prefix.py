@@ -65,7 +65,7 @@ def main() -> None:
     path = args.gguf or smollm2_gguf()
     on = Decider(LlamaBackend(path, n_ctx=2048, n_threads=args.threads), PrefixCache(policy="on"))
     off = Decider(LlamaBackend(path, n_ctx=2048, n_threads=args.threads), PrefixCache(policy="off"))
-    state_tokens = len(on.backend.tokenize(prefix_for(STATE), prompt=False))
+    state_tokens = len(on.backend.tokenize(prefix_for(STATE)))
     run(on, 2)
     run(off, 2)  # warm-up
     print(f"model {path.name if hasattr(path, 'name') else path}, state {state_tokens} tokens, "

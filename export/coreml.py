@@ -212,6 +212,47 @@ def _replace(src: Path, dst: Path) -> None:
     shutil.move(str(src), str(dst))
 
 
+def torch_programs(checkpoint: Checkpoint, ane: bool = True):
+    """The fp32 torch modules each program is converted from, behind the runtime's predictor shape
+    (`executor="torch"`: checks the conversion without Core ML)."""
+    import torch
+    from laya.export.ane_net import SLOTS, AneNet
+
+    from laya.runtimes.coreml import HostParts, Programs
+
+    def wrap(module, names, outputs):
+        def predict(feeds):
+            with torch.no_grad():
+                result = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names])
+            return {k: v.numpy() for k, v in zip(outputs, result)}
+        return predict
+
+    if not checkpoint.weights:
+        raise CheckpointError(f"{checkpoint.path}: executor='torch' needs the checkpoint's weights, not a bundle")
+    programs = Programs(general=wrap(general_module(checkpoint), GENERAL_INPUTS, ["logits", "act_logits"]),
+                        lengths=general_lengths(checkpoint.config.max_len), max_markers=MAX_MARKERS)
+    if ane:
+        w, enc = checkpoint.weights, checkpoint.encoder
+        programs.slots = SLOTS
+        programs.host = HostParts(w, enc.local_attention, checkpoint.tokenizer.pad_id)
+        for length in ane_buckets(checkpoint):
+            net = AneNet(w, enc, checkpoint.config.head_layers, length).eval()
+            programs.buckets[length] = wrap(net, ANE_INPUTS, ["logits", "cls"])
+    return programs
+
+
+def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
+    """What `laya.load(checkpoint, runtime="coreml", ...)` hands the runtime: a bundle converted on first
+    use into the cache, or (executor="torch") the torch programs."""
+    from laya.runtimes.coreml import check_options
+
+    check_options(options.get("executor", "coreml"), options.get("compute_units", "cpu_and_gpu"))
+    ane = options.get("ane", True)
+    if options.get("executor") == "torch":
+        return {**options, "programs": torch_programs(checkpoint, ane)}
+    return {**options, "bundle": cached_bundle(checkpoint, options.get("precision", "fp16"), ane, cache_dir)}
+
+
 def cached_bundle(checkpoint: Checkpoint, precision: str, ane: bool, cache_dir: Path | None = None) -> Path:
     """A bundle for `checkpoint`, converted on first use into the cache (`$LAYA_CACHE/coreml`)."""
     from laya.bundle import cached_export

@@ -204,6 +204,15 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
     return manifest
 
 
+def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
+    """What `laya.load(checkpoint, runtime="onnx", ...)` hands the runtime: a bundle exported on first use."""
+    from laya.runtimes.onnx import check_precision
+
+    precision = options.get("precision", "fp32")
+    check_precision(precision)
+    return {**options, "bundle": cached_bundle(checkpoint, precision, cache_dir)}
+
+
 def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> Path:
     """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the

@@ -39,8 +39,7 @@ def load(
     `runtime` defaults to `torch` for a checkpoint and to the bundle's own runtime for an exported
     bundle; runtime options (`threads`, `precision`, `force`, ...) go to the runtime.
     """
-    from laya.loading import load_model_checkpoint
-    from laya.runtimes import create_runtime
+    from laya.loading import build_runtime, load_model_checkpoint
 
     checkpoint, default_name, bundle_kind = load_model_checkpoint(
         model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only
@@ -54,5 +53,5 @@ def load(
 
         fitted = load_calibration(calibration)
         fitted.check_model(checkpoint.fingerprint, os.fspath(model))  # before the runtime is built
-    runtime_impl = create_runtime(runtime, checkpoint, **runtime_options)
+    runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
     return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted)

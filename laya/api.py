@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.config import QTYPES
 from laya.errors import QuestionError
+from laya.limits import LimitExceeded, Limits
+from laya.questions import Problem, check_questions, state_problem
 
-MIN_OPTIONS, MAX_OPTIONS = 2, 255
-MIN_LEVELS, MAX_LEVELS = 2, 10
 MAX_TOKENS_ALL = 65536  # the state plus every question
 MAX_TOKENS_ONE = 32768  # the state plus the longest question
 ALIASES = ("jev-latest", "jev-preview")
+MAX_LISTED_ERRORS = 20  # validation errors listed in a 422; the body also says how many there were
+MAX_ERROR_TEXT = 300  # characters of any message or location part echoed back (user text included)
 
 
 @dataclass
@@ -36,18 +37,27 @@ def usage_error(status: int, error_type: str, message: str, headers: dict[str, s
     return ApiError(status, {"error_type": error_type, "message": message}, headers or {})
 
 
-def _err(loc: list, msg: str, kind: str, value: Any = None) -> dict[str, Any]:
-    out = {"loc": ["body", *loc], "msg": msg, "type": kind}
-    if value is not None and isinstance(value, str | int | float | bool):
-        out["input"] = value
-    return out
+def render_problems(problems: list[Problem]) -> list[dict[str, Any]]:
+    """FastAPI's 422 items, from the one rule set the library also uses."""
+    return [{"loc": ["body", *p.loc], "msg": p.msg, "type": p.type} for p in problems]
 
 
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str | dict | list)
+def _clip(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_ERROR_TEXT:
+        return value[: MAX_ERROR_TEXT - 3] + "..."
+    return value
 
 
-TEXT_MSG = "Input should be a valid string, object or array"
+def error_body(detail: Any) -> dict[str, Any]:
+    """The body of an error response, bounded whatever the request: at most MAX_LISTED_ERRORS items
+    (plus `x_error_count`, the total), every message and location part clipped."""
+    if isinstance(detail, list):
+        items = [{k: ([_clip(x) for x in v] if k == "loc" else _clip(v)) for k, v in item.items()}
+                 for item in detail[:MAX_LISTED_ERRORS]]
+        return {"detail": items, "x_error_count": len(detail)}
+    if isinstance(detail, dict):
+        return {"detail": {k: _clip(v) for k, v in detail.items()}}
+    return {"detail": _clip(detail)}
 
 
 @dataclass(frozen=True)
@@ -58,129 +68,66 @@ class SystemOneRequest:
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
 
 
-def _check_count(loc: list, what: str, n: int, low: int, high: int, unit: str, errors: list[dict]) -> None:
-    if n < low:
-        errors.append(_err(loc, f"{what} needs at least {low} {unit}, got {n}", "too_short"))
-    elif n > high:
-        errors.append(_err(loc, f"{what} takes at most {high} {unit}, got {n}", "too_long"))
-
-
-def _check_question(qid: str, spec: Any, errors: list[dict]) -> None:
-    loc = ["questions", qid]
-    if not isinstance(spec, dict):
-        errors.append(_err(loc, "Input should be a valid dictionary", "dict_type"))
-        return
-    qtype = spec.get("type")
-    if "type" not in spec:
-        errors.append(_err([*loc, "type"], "Field required", "missing"))
-        return
-    if qtype not in QTYPES:
-        errors.append(_err([*loc, "type"], f"Input tag {qtype!r} does not match any of the expected tags: "
-                                           "'noul', 'choice', 'score'", "union_tag_invalid"))
-        return
-    instructions = spec.get("instructions")
-    if instructions is not None and not _is_text(instructions):
-        errors.append(_err([*loc, "instructions"], TEXT_MSG, "text_type"))
-    criteria = spec.get("criteria")
-    cloc = [*loc, "criteria"]
-    if qtype == "choice":
-        if isinstance(criteria, list):
-            names = criteria
-            if any(not isinstance(n, str) for n in names):
-                errors.append(_err(cloc, "option names must be strings", "string_type"))
-            values: list = []
-        elif isinstance(criteria, dict):
-            names, values = list(criteria), list(criteria.values())
-        elif criteria is None:
-            errors.append(_err(cloc, "Field required", "missing"))
-            return
-        else:
-            errors.append(_err(cloc, "Input should be a valid dictionary of option -> description", "dict_type"))
-            return
-        _check_count(cloc, "a choice question", len(names), MIN_OPTIONS, MAX_OPTIONS, "options", errors)
-        if isinstance(criteria, list) and len(set(map(str, names))) != len(names):
-            errors.append(_err(cloc, "option names must be unique", "value_error"))
-        for name, value in zip(names, values):
-            if value is not None and not _is_text(value):
-                errors.append(_err([*cloc, name], TEXT_MSG + " or null", "text_type"))
-    elif qtype == "score":
-        if isinstance(criteria, dict):
-            errors.append(_err(cloc, "score criteria must be a LIST of level descriptions, level 0 first; "
-                                     "the map form is not accepted", "list_type"))
-            return
-        if criteria is None:
-            errors.append(_err(cloc, "Field required", "missing"))
-            return
-        if not isinstance(criteria, list):
-            errors.append(_err(cloc, "Input should be a valid list", "list_type"))
-            return
-        _check_count(cloc, "a score question", len(criteria), MIN_LEVELS, MAX_LEVELS, "levels", errors)
-        for i, level in enumerate(criteria):
-            if not _is_text(level):
-                errors.append(_err([*cloc, i], TEXT_MSG, "text_type"))
-    else:
-        if criteria is None:
-            return
-        if not isinstance(criteria, dict):
-            errors.append(_err(cloc, "Input should be a valid dictionary with 'true' and/or 'false'", "dict_type"))
-            return
-        for key, value in criteria.items():
-            if str(key).lower() not in ("true", "false"):
-                errors.append(_err([*cloc, key], "noul criteria take only the keys 'true' and 'false'",
-                                   "extra_forbidden"))
-            elif value is not None and not _is_text(value):
-                errors.append(_err([*cloc, key], TEXT_MSG + " or null", "text_type"))
-
-
-def parse_systemone(body: Any, *, batch: bool = False) -> SystemOneRequest:
-    """Validate a `/v1/systemone` body (or a `/batch` one, with `states`); raises a 422 `ApiError`."""
-    errors: list[dict] = []
+def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None) -> SystemOneRequest:
+    """Validate a `/v1/systemone` body (or a `/batch` one, with `states`); raises a 422 `ApiError`, or
+    a 413 when the request asks for more than `limits` (counted before anything is validated)."""
+    problems: list[Problem] = []
     if not isinstance(body, dict):
-        raise ApiError(422, [_err([], "Input should be a valid dictionary", "dict_type")])
+        raise ApiError(422, render_problems([Problem((), "Input should be a valid dictionary", "dict_type")]))
+    check_size(body, batch, limits or Limits())
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        errors.append(_err(["model"], "Input should be a valid string", "string_type"))
+        problems.append(Problem(("model",), "Input should be a valid string", "string_type"))
     key = "states" if batch else "state"
-    if key not in body:
-        errors.append(_err([key], "Field required", "missing"))
     state = body.get(key)
-    if batch:
-        if key in body and not isinstance(state, list):
-            errors.append(_err([key], "Input should be a valid list of states", "list_type"))
-        elif isinstance(state, list):
-            if not state:
-                errors.append(_err([key], "states must not be empty", "too_short"))
-            for i, one in enumerate(state):
-                if not _is_text(one):
-                    errors.append(_err([key, i], TEXT_MSG, "text_type"))
-    elif key in body and not _is_text(state):
-        errors.append(_err([key], TEXT_MSG, "text_type"))
-    questions = body.get("questions")
+    if key not in body:
+        problems.append(Problem((key,), "Field required", "missing"))
+    elif batch:
+        if not isinstance(state, list):
+            problems.append(Problem((key,), "Input should be a valid list of states", "list_type"))
+        elif not state:
+            problems.append(Problem((key,), "states must not be empty", "too_short"))
+        else:
+            problems += [p for i, one in enumerate(state) if (p := state_problem(one, (key, i))) is not None]
+    elif (problem := state_problem(state)) is not None:
+        problems.append(problem)
     if "questions" not in body:
-        errors.append(_err(["questions"], "Field required", "missing"))
-    elif not isinstance(questions, dict):
-        errors.append(_err(["questions"], "Input should be a valid dictionary of id -> question", "dict_type"))
-    elif not questions:
-        errors.append(_err(["questions"], "questions must not be empty", "too_short"))
+        problems.append(Problem(("questions",), "Field required", "missing"))
     else:
-        for qid, spec in questions.items():
-            if not qid:
-                errors.append(_err(["questions", qid], "question ids must not be empty", "value_error"))
-            _check_question(qid, spec, errors)
+        check_questions(body["questions"], problems)
     reuse = body.get("reuse_prefix")
     if reuse is not None and not isinstance(reuse, bool):
-        errors.append(_err(["reuse_prefix"], "Input should be a valid boolean", "bool_type"))
-    if errors:
-        raise ApiError(422, errors)
-    return SystemOneRequest(model=model, state=state, questions=questions, reuse_prefix=reuse is not False)
+        problems.append(Problem(("reuse_prefix",), "Input should be a valid boolean", "bool_type"))
+    if problems:
+        raise ApiError(422, render_problems(problems))
+    return SystemOneRequest(model=model, state=state, questions=body["questions"], reuse_prefix=reuse is not False)
+
+
+def check_size(body: dict, batch: bool, limits: Limits) -> None:
+    """States, questions and rows counted before any of them is validated (a 413 past a limit)."""
+    states = body.get("states") if batch else None
+    questions = body.get("questions")
+    n_states = len(states) if isinstance(states, list) else 1
+    n_questions = len(questions) if isinstance(questions, dict) else 0
+    try:
+        if batch:
+            limits.check("states", n_states)
+        limits.check("questions", n_questions)
+        limits.check("rows", n_states * n_questions)
+    except LimitExceeded as exc:
+        raise question_error(exc) from exc
 
 
 def question_error(exc: QuestionError) -> ApiError:
-    """A refusal from the engine (e.g. options that do not fit the row) as a 422."""
+    """A refusal from the engine (e.g. options that do not fit the row) as a 422; work over a limit
+    or a token budget as a 413."""
+    if isinstance(exc, LimitExceeded):
+        return ApiError(413, {"error_type": exc.error_type, "message": str(exc),
+                              "x_limit": {"flag": exc.flag, "value": exc.limit}})
     if exc.error_type == "max_tokens_exceeded":
         return usage_error(413, "max_tokens_exceeded", str(exc))
     loc = ["questions", exc.qid] if exc.qid else (["state"] if exc.error_type == "invalid_state" else [])
-    return ApiError(422, [_err(loc, str(exc), exc.error_type)])
+    return ApiError(422, render_problems([Problem(tuple(loc), str(exc), exc.error_type)]))
 
 
 def check_budgets(state_tokens: int, question_tokens: list[int]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,15 +76,23 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: Path | None = None) -> Path:
     """A bundle exported on first use into `$LAYA_CACHE/<kind>/<key>` (default ~/.cache/laya).
 
-    Written into a `.partial` folder and renamed when complete, so an interrupted export is never
-    mistaken for a bundle."""
+    Each process builds in a temporary folder of its own and renames it into place when complete, so
+    an interrupted export is never taken for a bundle and concurrent processes (server workers) never
+    write into each other's files: the first rename wins and the others discard their copy."""
     root = cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / kind
     folder = root / key
     if (folder / MANIFEST).is_file():
         return folder
-    tmp = folder.with_name(folder.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    build(tmp)
-    tmp.rename(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.partial-", dir=root))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:
+            if not (folder / MANIFEST).is_file():  # not another process's finished bundle: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -37,15 +37,30 @@ def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def verify_digests(folder: Path, expected: Mapping[str, str]) -> None:
-    """Refuse the folder unless each named file has the expected sha256 (checked before parsing)."""
+def verify_digests(folder: Path, expected: Mapping[str, str], *, evict: bool = False) -> None:
+    """Refuse the folder unless each named file has the expected sha256 (checked before parsing).
+
+    `evict` (a Hub snapshot): a file that does not match is removed from the cache, blob included, so
+    no later load can take it as good; the next load downloads it again."""
     for rel, want in expected.items():
         path = folder / rel
         if not path.is_file():
             raise CheckpointError(f"{path}: file not found (a sha256 was given for it)")
         got = sha256_of(path)
         if got.lower() != want.lower():
-            raise CheckpointError(f"{path}: sha256 {got} does not match the expected {want.lower()}")
+            note = ""
+            if evict:
+                evict_cached_file(path)
+                note = "; the file was removed from the Hugging Face cache, so the next load downloads it again"
+            raise CheckpointError(f"{path}: sha256 {got} does not match the expected {want.lower()}{note}")
+
+
+def evict_cached_file(path: Path) -> None:
+    """Remove a snapshot file of the Hugging Face cache and the blob its link points to."""
+    blob = path.resolve()
+    path.unlink(missing_ok=True)
+    if blob != path and blob.parent.name == "blobs":
+        blob.unlink(missing_ok=True)
 
 
 def _is_commit(revision: str | None) -> bool:
@@ -53,22 +68,25 @@ def _is_commit(revision: str | None) -> bool:
 
 
 def download(
-    repo: str, *, revision: str | None = None, subfolder: str | None = None, local_only: bool = False
+    repo: str, *, revision: str | None = None, subfolder: str | None = None, local_only: bool = False,
+    label: str | None = None,
 ) -> Path:
-    """A Hub snapshot with only the checkpoint's four file patterns (cache and offline mode honoured).
+    """A Hub snapshot with only the checkpoint's four file patterns, into the standard Hugging Face
+    cache with huggingface_hub's progress bars (cache, `HF_ENDPOINT` and `HF_HUB_OFFLINE` honoured).
 
-    A commit pinned revision already in the cache is used without touching the network: it cannot
-    change. `local_only` never goes online.
-    """
+    A commit-pinned revision already in the cache is used without touching the network: it cannot
+    change. `local_only` never goes online. `label` names the model in errors (a registered name)."""
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a core dependency
         raise CheckpointError("huggingface_hub is needed to load a checkpoint from the Hub") from exc
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     kwargs = dict(revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS],
                   token=os.environ.get("HF_TOKEN") or None)
-    where = f"{repo}{'@' + revision if revision else ''}"
+    where = f"{repo}{'@' + revision if revision else ''}{' (' + prefix.rstrip('/') + ')' if prefix else ''}"
+    if label and label != repo:
+        where = f"{label} ({where})"
     snapshot = None
     try:
         if local_only or _is_commit(revision):
@@ -80,16 +98,26 @@ def download(
         if snapshot is None:
             snapshot = snapshot_download(repo, **kwargs)
     except LocalEntryNotFoundError as exc:
+        if local_only:
+            raise CheckpointError(f"{where}: not in the local Hugging Face cache (local_only=True)") from exc
+        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
+        reason = "offline mode is on (HF_HUB_OFFLINE)" if offline else \
+            f"the Hub at {constants.ENDPOINT} cannot be reached"
         raise CheckpointError(
-            f"{where}: not in the local Hugging Face cache and the Hub cannot be reached (offline mode or no network)"
-            if not local_only else f"{where}: not in the local Hugging Face cache"
-        ) from exc
+            f"{where}: not in the local Hugging Face cache and {reason}. Connect this machine to the Hub (or set "
+            "HF_ENDPOINT to a mirror it can reach) and load it once to cache it, or copy the checkpoint folder "
+            "here and load it by path") from exc
     except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{where}: cannot download from the Hub ({exc})") from exc
+        raise CheckpointError(f"{where}: cannot download from the Hub ({_short(exc)})") from exc
     folder = Path(snapshot) / prefix if prefix else Path(snapshot)
     if not folder.is_dir():
         raise CheckpointError(f"{repo}: subfolder {subfolder!r} is not in the repository")
     return folder
+
+
+def _short(exc: Exception, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_weights(path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from laya.errors import LayaError
+from laya.limits import Limits
 
 
 class UsageError(LayaError):
@@ -139,18 +140,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from laya.server.app import ServerConfig
     from laya.server.serve import ModelSpec, ServeOptions, serve
 
-    api_key = args.api_key or os.environ.get("LAYA_API_KEY") or None
-    config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending,
-                          max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024)
+    if args.api_key is not None:
+        raise LayaError("--api-key would show the key to every user of this machine (ps, /proc); put it in a "
+                        "file readable only by you and pass --api-key-file PATH, or set LAYA_API_KEY")
+    api_key = read_api_key(args.api_key_file)
+    limits = Limits(max_questions=args.max_questions, max_states=args.max_states, max_rows=args.max_rows,
+                    max_tokens=args.max_request_tokens, max_decisions=args.max_decisions)
+    config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending_rows=args.max_pending_rows,
+                          max_concurrency=args.max_concurrency, shed_hold_ms=args.shed_hold_ms,
+                          max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
+                          limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
                            calibration=calibration_args(args.calibration, args.model), server=config)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
     print(f"laya: serving on http://{args.host}:{args.port} (demo page at /, API at /v1/systemone)", file=sys.stderr)
     serve(options, host=args.host, port=args.port, workers=args.workers)
     return 0
+
+
+LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key from `--api-key-file` or `LAYA_API_KEY`, which is then removed from this process's
+    environment so no child (a server worker, a compiler) inherits it."""
+    env_key = os.environ.pop("LAYA_API_KEY", None)
+    if path is None:
+        return env_key or None
+    try:
+        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LayaError(f"--api-key-file {path}: cannot read it ({exc})") from exc
+    if not key or "\n" in key:
+        raise LayaError(f"--api-key-file {path}: the file must hold one non-empty line, the key")
+    return key
 
 
 def calibration_args(values: list[str] | None, models: list[str] | None) -> dict[str, str]:
@@ -335,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--runtime", "-r", default=None, help="runtime for laya checkpoints (default: torch)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set LAYA_API_KEY)")
+    srv.add_argument("--api-key-file", metavar="PATH",
+                     help="require 'Authorization: Bearer KEY', the key read from this file (or set LAYA_API_KEY)")
+    srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
     srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
     srv.add_argument("--threads", type=int, help="CPU threads per runtime")
     srv.add_argument("--n-ctx", type=int, default=4096, help="context of GGUF models (decide engine)")
@@ -345,9 +373,27 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a file from `laya calibrate`: its temperatures and abstention threshold apply to the model "
                           "(NAME picks the model when serving several)")
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
-    srv.add_argument("--max-pending", type=int, default=64, help="requests queued per model before 429")
+    srv.add_argument("--max-pending-rows", type=int, default=512,
+                     help="rows waiting or running per model before new requests get 429 (default 512)")
+    srv.add_argument("--max-concurrency", type=int, default=64,
+                     help="decision requests inside the server at once; more get 429 before their body is read "
+                          "(default 64)")
+    srv.add_argument("--shed-hold-ms", type=float, default=250.0,
+                     help="how long a request shed at the door waits for its 429 (at most its Retry-After; "
+                          "default 250)")
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
     srv.add_argument("--max-body-mb", type=int, default=8, help="largest request body, after decompression")
+    limits = Limits()
+    srv.add_argument("--max-questions", type=int, default=limits.max_questions,
+                     help=f"questions per request (default {limits.max_questions})")
+    srv.add_argument("--max-states", type=int, default=limits.max_states,
+                     help=f"states per /v1/systemone/batch request (default {limits.max_states})")
+    srv.add_argument("--max-rows", type=int, default=limits.max_rows,
+                     help=f"rows (states x questions) per request (default {limits.max_rows})")
+    srv.add_argument("--max-request-tokens", type=int, default=limits.max_tokens,
+                     help=f"tokens per request, counted as the rows are built (default {limits.max_tokens})")
+    srv.add_argument("--max-decisions", type=int, default=limits.max_decisions,
+                     help=f"decide engine: prompts scored per request (default {limits.max_decisions})")
     srv.set_defaults(func=cmd_serve)
 
     exp = sub.add_parser("export", help="export a checkpoint to a runtime bundle")

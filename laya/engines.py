@@ -1,25 +1,31 @@
 """Engines: what answers a validated System One request for one served model name.
 
-An engine turns a request into a job (`prepare`, which validates and refuses before any
-inference), and runs many jobs together (`execute`), which is what lets the server coalesce
-concurrent requests into shared forward passes. `EncoderEngine` serves a laya checkpoint,
+An engine turns a request into a job (`prepare`, which validates, counts the work against the
+server's `Limits` and refuses before any inference), and runs many jobs together (`execute`),
+which is what lets the server coalesce concurrent requests into shared forward passes. A job's
+`cancelled` event, set when its caller goes away, stops its remaining work. `EncoderEngine` serves a laya checkpoint,
 `DecideEngine` a chat GGUF through the decide policy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from laya.api import check_budgets
+from laya.errors import Cancelled
+from laya.limits import UNLIMITED, Limits
 from laya.model import Model, Prepared
+from laya.questions import Question
 
 
 class Engine(Protocol):
     name: str
     description: str
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> Any: ...
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                **options: Any) -> Any: ...
 
     def execute(self, jobs: list[Any]) -> list[list[dict[str, Any]]]: ...
 
@@ -42,15 +48,17 @@ class EncoderEngine:
     def name(self) -> str:
         return self.model.name
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> Prepared:
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                **options: Any) -> Prepared:
         """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)"""
         prepared = self.model.prepare(states, questions)
         for rows in prepared.rows:
             check_budgets(rows[0].state_tokens, [r.head_tokens for r in rows])
+        limits.check("tokens", prepared.n_tokens)
         return prepared
 
     def rows(self, job: Prepared) -> int:
-        return sum(len(rows) for rows in job.rows)
+        return job.n_rows
 
     def execute(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
         return self.model.answer(jobs)
@@ -61,6 +69,14 @@ class EncoderEngine:
     def describe(self) -> dict[str, Any]:
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
                 "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len}
+
+
+@dataclass
+class DecideJob:
+    states: list[Any]
+    questions: list[Question]
+    reuse_prefix: bool = True
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -75,16 +91,24 @@ class DecideEngine:
     def name(self) -> str:
         return self.model.name
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], reuse_prefix: bool = True) -> Any:
-        states, parsed = self.model.prepare(states, questions)
-        return states, parsed, reuse_prefix
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                reuse_prefix: bool = True) -> DecideJob:
+        states, parsed = self.model.prepare(states, questions, limits=limits)
+        return DecideJob(states, parsed, reuse_prefix)
 
-    def rows(self, job: Any) -> int:
-        return len(job[0]) * len(job[1])
+    def rows(self, job: DecideJob) -> int:
+        return len(job.states) * len(job.questions)
 
-    def execute(self, jobs: list[Any]) -> list[list[dict[str, Any]]]:
-        return [[self.model.answer_one(s, parsed, reuse_prefix=reuse) for s in states]
-                for states, parsed, reuse in jobs]
+    def execute(self, jobs: list[DecideJob]) -> list[list[dict[str, Any]]]:
+        """Decisions run one at a time; a cancelled job stops at its next decision (and gets no answers)."""
+        out = []
+        for job in jobs:
+            try:
+                out.append([self.model.answer_one(s, job.questions, reuse_prefix=job.reuse_prefix,
+                                                  cancelled=job.cancelled) for s in job.states])
+            except Cancelled:
+                out.append([])
+        return out
 
     def warmup(self) -> None:
         self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})

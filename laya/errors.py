@@ -25,3 +25,7 @@ class QuestionError(LayaError, ValueError):
 
 class RuntimeUnavailable(LayaError, RuntimeError):
     """A runtime was asked for that is not installed or cannot run on this platform."""
+
+
+class Cancelled(LayaError):
+    """The caller went away (disconnected or timed out); the rest of its work was not done."""

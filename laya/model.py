@@ -7,8 +7,9 @@ of logits is decoded with its bucket's temperature.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,21 @@ DEFAULT_MAX_BATCH_ROWS = 32
 
 @dataclass
 class Prepared:
-    """A request after validation and row building, before any runtime call."""
+    """A request after validation and row building, before any runtime call.
+
+    `cancelled` is set when the caller went away: its rows not yet run are skipped."""
 
     questions: list[Question]
     rows: list[list[Row]]  # per state, one row per question
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(rows) for rows in self.rows)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(row.ids) for rows in self.rows for row in rows)
 
 
 class Model:
@@ -78,11 +90,13 @@ class Model:
         rows = [build_rows(self.tokenizer, s, parsed, self.max_len, self.head_max_len, heads) for s in states]
         return Prepared(questions=parsed, rows=rows)
 
-    def run(self, rows: list[Row]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Logits (cut to each row's options) and act logits of `rows`.
 
         Rows are batched by their canonical padded length (`padded_length`), at most
         `max_batch_rows` at a time, so each row is computed the same way whatever shares its batch.
+        `alive(i)` is asked before each forward pass: rows whose caller went away are skipped.
         """
         groups: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
@@ -90,8 +104,14 @@ class Model:
         logits: list[np.ndarray] = [np.empty(0)] * len(rows)
         acts: list[np.ndarray] = [np.empty(0)] * len(rows)
         for length, members in sorted(groups.items()):
+            if alive is not None:
+                members = [i for i in members if alive(i)]
             for start in range(0, len(members), self.max_batch_rows):
                 chunk = members[start : start + self.max_batch_rows]
+                if alive is not None:
+                    chunk = [i for i in chunk if alive(i)]
+                    if not chunk:
+                        continue
                 batch = collate([rows[i] for i in chunk], self.tokenizer.pad_id, length=length)
                 out_logits, out_act = self.runtime.forward(batch)
                 for j, i in enumerate(chunk):
@@ -142,15 +162,20 @@ class Model:
             Evidence.single(q.qtype, zi, decode.act_probability(ai)) for q, zi, ai in zip(job.questions, z, a)])
 
     def _per_state(self, jobs: list[Prepared], make: Callable[[Prepared, list[Row], list, list], Any]) -> list[list]:
-        """Run every row of `jobs` together, then `make(job, rows, logits, acts)` once per state."""
+        """Run every row of `jobs` together, then `make(job, rows, logits, acts)` once per state.
+
+        A job cancelled meanwhile (its caller went away) stops costing forward passes; it gets no
+        answers (an empty list)."""
         flat = [row for job in jobs for rows in job.rows for row in rows]
-        logits, acts = self.run(flat)
+        owner = [j for j, job in enumerate(jobs) for rows in job.rows for _ in rows]
+        logits, acts = self.run(flat, alive=lambda i: not jobs[owner[i]].cancelled.is_set())
         out, at = [], 0
         for job in jobs:
             per_state = []
             for rows in job.rows:
                 n = len(rows)
-                per_state.append(make(job, rows, logits[at : at + n], acts[at : at + n]))
+                if not job.cancelled.is_set():
+                    per_state.append(make(job, rows, logits[at : at + n], acts[at : at + n]))
                 at += n
             out.append(per_state)
         return out

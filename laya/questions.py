@@ -55,99 +55,199 @@ class Question:
         return len(self.options)
 
 
-def _fail(qid: str, message: str) -> QuestionError:
-    return QuestionError(f"question {qid!r}: {message}", qid=qid)
+MIN_OPTIONS, MAX_OPTIONS = 2, 255
+MIN_LEVELS, MAX_LEVELS = 2, 10
+TEXT_MSG = "Input should be a valid string, object or array"
 
 
-def _instructions(qid: str, value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict | list | int | float | bool):
-        return json.dumps(value, ensure_ascii=False)
-    raise _fail(qid, f"'instructions' must be text, an object or a list, got {type(value).__name__}")
+@dataclass(frozen=True)
+class Problem:
+    """One reason a request cannot be answered: where (`loc`, inside the request body), what, and a
+    machine-readable `type`. The server renders these as FastAPI's 422 items, the library as a
+    `QuestionError`: one list of rules for every surface."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+    type: str
+
+    def as_error(self) -> QuestionError:
+        qid = self.loc[1] if len(self.loc) > 1 and self.loc[0] == "questions" else None
+        where = f"question {qid!r}: " if qid is not None else ""
+        if qid is not None and len(self.loc) > 2:
+            where += f"{'.'.join(map(str, self.loc[2:]))}: "
+        error_type = "invalid_state" if self.loc[:1] == ("state",) else "invalid_question"
+        return QuestionError(f"{where}{self.msg}", qid=qid if isinstance(qid, str) else None, error_type=error_type)
 
 
-def _label(qid: str, index: int, label: Any) -> str:
-    if isinstance(label, str):
-        return label
-    if isinstance(label, int | float) and not isinstance(label, bool):
-        return str(label)
-    raise _fail(qid, f"choice option {index} must be a string, got {label!r}")
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str | dict | list)
 
 
-def _choice(qid: str, criteria: Any) -> tuple[list[str], list[str | None]]:
-    if isinstance(criteria, list):
-        pairs = [(_label(qid, i, c), None) for i, c in enumerate(criteria)]
-    elif isinstance(criteria, dict):
-        pairs = [(_label(qid, i, k), v) for i, (k, v) in enumerate(criteria.items())]
+def _count(loc: tuple, what: str, n: int, low: int, high: int, unit: str, problems: list[Problem]) -> bool:
+    if n < low:
+        problems.append(Problem(loc, f"{what} needs at least {low} {unit}, got {n}", "too_short"))
+    elif n > high:
+        problems.append(Problem(loc, f"{what} takes at most {high} {unit}, got {n}", "too_long"))
     else:
-        raise _fail(qid, "a choice question takes 'criteria' as a map option -> description (or a list of options)")
-    if not pairs:
-        raise _fail(qid, "a choice question needs at least one option")
-    names = [name for name, _ in pairs]
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise _fail(qid, f"option {name!r} appears twice; option names are the answer keys")
-        seen.add(name)
-    descriptions = [None if v is None or v == "" else render_text(v) for _, v in pairs]
-    return names, descriptions
+        return True
+    return False
 
 
-def _noul_labels(qid: str, labels: Any) -> tuple[str, str]:
+def _choice(loc: tuple, criteria: Any, problems: list[Problem]) -> tuple[list[str], list[str | None]] | None:
+    cloc = (*loc, "criteria")
+    if criteria is None:
+        problems.append(Problem(cloc, "Field required: a choice question takes 'criteria', a map option -> "
+                                      "description (or a list of option names)", "missing"))
+        return None
+    if isinstance(criteria, dict | list):
+        names = list(criteria)
+        values = list(criteria.values()) if isinstance(criteria, dict) else [None] * len(names)
+        for i, name in enumerate(names):
+            if not isinstance(name, str):
+                problems.append(Problem((*cloc, i), f"option names must be strings, got {type(name).__name__}",
+                                        "string_type"))
+                return None
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                problems.append(Problem(cloc, f"option {name!r} appears twice; option names are the answer keys",
+                                        "value_error"))
+                return None
+            seen.add(name)
+    else:
+        problems.append(Problem(cloc, "Input should be a valid dictionary of option -> description", "dict_type"))
+        return None
+    if not _count(cloc, "a choice question", len(names), MIN_OPTIONS, MAX_OPTIONS, "options", problems):
+        return None
+    ok = True
+    for name, value in zip(names, values):
+        if value is not None and not _is_text(value):
+            problems.append(Problem((*cloc, name), TEXT_MSG + " or null", "text_type"))
+            ok = False
+    if not ok:
+        return None
+    return names, [None if v is None or v == "" else render_text(v) for v in values]
+
+
+def _score(loc: tuple, criteria: Any, problems: list[Problem]) -> list[Any] | None:
+    cloc = (*loc, "criteria")
+    if isinstance(criteria, dict):
+        problems.append(Problem(cloc, "score criteria must be a LIST of level descriptions, level 0 first; "
+                                      "the map form is not accepted", "list_type"))
+        return None
+    if criteria is None:
+        problems.append(Problem(cloc, "Field required: a score question takes 'criteria', a list of level "
+                                      "descriptions, level 0 first", "missing"))
+        return None
+    if not isinstance(criteria, list):
+        problems.append(Problem(cloc, "Input should be a valid list of level descriptions", "list_type"))
+        return None
+    if not _count(cloc, "a score question", len(criteria), MIN_LEVELS, MAX_LEVELS, "levels", problems):
+        return None
+    bad = [i for i, level in enumerate(criteria) if not _is_text(level)]
+    for i in bad:
+        problems.append(Problem((*cloc, i), TEXT_MSG + " (describe every level)", "text_type"))
+    return None if bad else criteria
+
+
+def _noul(loc: tuple, criteria: Any, labels: Any, problems: list[Problem]) -> tuple[dict, tuple[str, str]] | None:
+    cloc = (*loc, "criteria")
+    if criteria is None:
+        criteria = {}
+    if not isinstance(criteria, dict):
+        problems.append(Problem(cloc, "Input should be a valid dictionary with 'true' and/or 'false' (or null)",
+                                "dict_type"))
+        return None
+    ok = True
+    lowered: dict[str, Any] = {}
+    for key, value in criteria.items():
+        low = key.lower() if isinstance(key, str) else None
+        if low not in ("true", "false"):
+            problems.append(Problem((*cloc, str(key)), "noul criteria take only the keys 'true' and 'false'",
+                                    "extra_forbidden"))
+            ok = False
+        elif low in lowered:
+            problems.append(Problem((*cloc, key), f"noul criteria name {low!r} twice (keys are case-insensitive)",
+                                    "value_error"))
+            ok = False
+        elif value is not None and not _is_text(value):
+            problems.append(Problem((*cloc, key), TEXT_MSG + " or null", "text_type"))
+            ok = False
+        lowered[low] = value
+    pair = _noul_labels((*loc, "labels"), labels, problems)
+    return (lowered, pair) if ok and pair else None
+
+
+def _noul_labels(loc: tuple, labels: Any, problems: list[Problem]) -> tuple[str, str] | None:
     if labels is None:
         return "false", "true"
-    if not isinstance(labels, dict) or {str(k).lower() for k in labels} != {"false", "true"}:
-        raise _fail(qid, "noul 'labels' must map exactly 'false' and 'true' to two different texts")
-    resolved = {str(k).lower(): v for k, v in labels.items()}
+    message = "noul 'labels' must map exactly 'false' and 'true' to two different non-empty strings"
+    if (not isinstance(labels, dict) or len(labels) != 2 or not all(isinstance(k, str) for k in labels)
+            or {k.lower() for k in labels} != {"false", "true"}):
+        problems.append(Problem(loc, message, "value_error"))
+        return None
+    resolved = {k.lower(): v for k, v in labels.items()}
     false_label, true_label = resolved["false"], resolved["true"]
     if not isinstance(false_label, str) or not isinstance(true_label, str):
-        raise _fail(qid, "noul 'labels' must be strings")
+        problems.append(Problem(loc, message, "string_type"))
+        return None
     false_label, true_label = false_label.strip(), true_label.strip()
     if not false_label or not true_label or false_label == true_label:
-        raise _fail(qid, "noul 'labels' must be two different non-empty strings")
+        problems.append(Problem(loc, message, "value_error"))
+        return None
     return false_label, true_label
 
 
-def parse_question(qid: Any, spec: Any) -> Question:
-    """Validate one question definition and normalise it; raises `QuestionError` naming the question."""
+def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | None:
+    """Validate one question by the System One contract and normalise it; problems go to `problems`.
+
+    The one rule set of the library, the CLI and the server: 2-255 choice options (a map option ->
+    description, or a list of option names), 2-10 score levels as a list, noul criteria with only
+    'true'/'false'; every text (instructions, descriptions, levels) a string, object or array."""
+    loc: tuple = ("questions", qid)
     if not isinstance(qid, str) or not qid:
-        raise QuestionError(f"question id must be a non-empty string, got {qid!r}")
+        problems.append(Problem(loc, "question ids must be non-empty strings", "value_error"))
+        return None
     if not isinstance(spec, dict):
-        raise _fail(qid, f"definition must be an object, got {type(spec).__name__}")
-    qtype = spec.get("type")
+        problems.append(Problem(loc, "Input should be a valid dictionary (a question definition)", "dict_type"))
+        return None
+    if "type" not in spec:
+        problems.append(Problem((*loc, "type"), "Field required: the question's type (noul, choice or score)",
+                                "missing"))
+        return None
+    qtype = spec["type"]
     if qtype not in QTYPES:
-        raise _fail(qid, f"unknown type {qtype!r}; use one of {', '.join(QTYPES)}")
-    instructions = _instructions(qid, spec.get("instructions"))
+        shown = qtype if isinstance(qtype, str) and len(qtype) <= 40 else type(qtype).__name__
+        problems.append(Problem((*loc, "type"), f"Input tag {shown!r} does not match any of the expected tags: "
+                                                "'noul', 'choice', 'score'", "union_tag_invalid"))
+        return None
+    instructions = spec.get("instructions")
+    before = len(problems)
+    if instructions is not None and not _is_text(instructions):
+        problems.append(Problem((*loc, "instructions"), TEXT_MSG + " or null", "text_type"))
     criteria = spec.get("criteria")
     legend = None
     if qtype == "choice":
-        names, descriptions = _choice(qid, criteria)
+        choice = _choice(loc, criteria, problems)
+        if choice is None or len(problems) > before:
+            return None
+        names, descriptions = choice
         keys = list(names)
         options = [n if d is None else f"{n}: {d}" for n, d in zip(names, descriptions)]
     elif qtype == "score":
-        if not isinstance(criteria, list):
-            raise _fail(qid, "a score question takes 'criteria' as a list of level descriptions, level 0 first")
-        if not criteria:
-            raise _fail(qid, "a score question needs at least one level")
-        if any(c is None for c in criteria):
-            raise _fail(qid, f"score level {criteria.index(None)} is null; describe every level")
-        names = [str(i) for i in range(len(criteria))]
-        descriptions = [render_text(c) for c in criteria]
+        levels = _score(loc, criteria, problems)
+        if levels is None or len(problems) > before:
+            return None
+        names = [str(i) for i in range(len(levels))]
+        descriptions = [render_text(c) for c in levels]
         keys = list(names)
         options = [f"level {i}: {d}" for i, d in enumerate(descriptions)]
-        legend = {str(i): c for i, c in enumerate(criteria)}
+        legend = {str(i): c for i, c in enumerate(levels)}
     else:
-        if criteria is None:
-            criteria = {}
-        if not isinstance(criteria, dict):
-            raise _fail(qid, "a noul question takes 'criteria' as an object with 'true' and/or 'false', or omits it")
-        lowered = {str(k).lower(): v for k, v in criteria.items()}
-        if not set(lowered) <= {"true", "false"}:
-            raise _fail(qid, f"noul 'criteria' may only have the keys 'true' and 'false', got {sorted(lowered)}")
-        false_label, true_label = _noul_labels(qid, spec.get("labels"))
+        noul = _noul(loc, criteria, spec.get("labels"), problems)
+        if noul is None or len(problems) > before:
+            return None
+        lowered, (false_label, true_label) = noul
         false_text, true_text = lowered.get("false"), lowered.get("true")
         false_text = NOUL_FALSE_DEFAULT if false_text in (None, "") else render_text(false_text)
         true_text = NOUL_TRUE_DEFAULT if true_text in (None, "") else render_text(true_text)
@@ -158,7 +258,7 @@ def parse_question(qid: Any, spec: Any) -> Question:
     return Question(
         qid=qid,
         qtype=qtype,
-        instructions=instructions,
+        instructions="" if instructions is None else render_text(instructions),
         keys=tuple(keys),
         options=tuple(options),
         names=tuple(names),
@@ -167,19 +267,55 @@ def parse_question(qid: Any, spec: Any) -> Question:
     )
 
 
-def parse_questions(questions: Any) -> list[Question]:
-    """All questions of a request, in the caller's order."""
+def check_questions(questions: Any, problems: list[Problem]) -> list[Question]:
+    """All questions of a request in the caller's order (the valid ones; the rest add problems)."""
     if not isinstance(questions, dict):
-        raise QuestionError(f"questions must be a map of id -> question, got {type(questions).__name__}")
+        problems.append(Problem(("questions",), "Input should be a valid dictionary of id -> question",
+                                "dict_type"))
+        return []
     if not questions:
-        raise QuestionError("questions must not be empty")
-    return [parse_question(qid, spec) for qid, spec in questions.items()]
+        problems.append(Problem(("questions",), "questions must not be empty", "too_short"))
+        return []
+    parsed = [check_question(qid, spec, problems) for qid, spec in questions.items()]
+    return [q for q in parsed if q is not None]
+
+
+def raise_first(problems: list[Problem]) -> None:
+    """The library's rendering: a `QuestionError` naming the first problem (and how many there are)."""
+    if problems:
+        error = problems[0].as_error()
+        if len(problems) > 1:
+            error.args = (f"{error.args[0]} (and {len(problems) - 1} more problem"
+                          f"{'s' if len(problems) > 2 else ''})",)
+        raise error
+
+
+def parse_question(qid: Any, spec: Any) -> Question:
+    """One question, validated and normalised; raises `QuestionError` naming the question."""
+    problems: list[Problem] = []
+    question = check_question(qid, spec, problems)
+    raise_first(problems)
+    assert question is not None
+    return question
+
+
+def parse_questions(questions: Any) -> list[Question]:
+    """All questions of a request, in the caller's order; raises `QuestionError` on the first problem."""
+    problems: list[Problem] = []
+    parsed = check_questions(questions, problems)
+    raise_first(problems)
+    return parsed
+
+
+def state_problem(state: Any, loc: tuple = ("state",)) -> Problem | None:
+    if state is None:
+        return Problem(loc, "state must not be null; pass text, an object or a list", "missing")
+    if not _is_text(state):
+        return Problem(loc, f"{TEXT_MSG} (the state), got {type(state).__name__}", "text_type")
+    return None
 
 
 def check_state(state: Any) -> None:
-    if state is None:
-        raise QuestionError("state must not be null; pass text, an object or a list", error_type="invalid_state")
-    if not isinstance(state, str | dict | list):
-        raise QuestionError(
-            f"state must be text, an object or a list, got {type(state).__name__}", error_type="invalid_state"
-        )
+    problem = state_problem(state)
+    if problem is not None:
+        raise problem.as_error()

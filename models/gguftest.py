@@ -1,8 +1,9 @@
 """Deterministic generator of tiny llama-architecture GGUFs that llama.cpp loads, for fast tests of
 the decide engine's llama.cpp adapter (random weights; a byte-level SentencePiece-style vocabulary).
 
-The vocabulary: <unk> <s> </s>, the ChatML control tokens, every printable ASCII character as a
-normal token (so "A" or "7" is one token) and the 256 byte tokens for everything else.
+The vocabulary: <unk>, BOS, EOS and the control tokens of the chosen chat template family
+(`TEMPLATES`: ChatML, Llama-3, Gemma, or none), every printable ASCII character as a normal token
+(so "A" or "7" is one token) and the 256 byte tokens for everything else.
 """
 
 from __future__ import annotations
@@ -13,24 +14,42 @@ import numpy as np
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA3 = ("{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>"
+          "\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+GEMMA = ("{{ bos_token }}{% for message in messages %}<start_of_turn>"
+         "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n{{ message['content'] | trim }}"
+         "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+# family -> (template, BOS text, EOS text, other control tokens, user-defined markup tokens)
+TEMPLATES: dict[str, tuple[str | None, str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "chatml": (CHATML, "<s>", "</s>", ("<|im_start|>", "<|im_end|>"), ()),
+    "llama3": (LLAMA3, "<|begin_of_text|>", "<|end_of_text|>", ("<|start_header_id|>", "<|end_header_id|>",
+                                                                 "<|eot_id|>"), ()),
+    # Gemma's turn markers as user-defined tokens: llama.cpp matches those even without special parsing
+    "gemma": (GEMMA, "<bos>", "<eos>", (), ("<start_of_turn>", "<end_of_turn>")),
+    "raw": (None, "<s>", "</s>", (), ()),
+}
 
 
 def write_tiny_gguf(path: str | Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                    n_ff: int = 128, n_ctx: int = 1024, chat_template: str | None = CHATML) -> Path:
+                    n_ff: int = 128, n_ctx: int = 1024, family: str = "chatml") -> Path:
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tokens: list[str] = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    chat_template, bos, eos, control, user_defined = TEMPLATES[family]
+    tokens: list[str] = ["<unk>", bos, eos, *control, *user_defined]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
-             gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             *[gguf.TokenType.CONTROL] * len(control), *[gguf.TokenType.USER_DEFINED] * len(user_defined)]
+    n_special = len(tokens)
     for code in range(32, 127):
         tokens.append("▁" if chr(code) == " " else chr(code))
         types.append(gguf.TokenType.NORMAL)
     for byte in range(256):
         tokens.append(f"<0x{byte:02X}>")
         types.append(gguf.TokenType.BYTE)
-    scores = [0.0] * 5 + [-float(i) for i in range(95)] + [-1000.0] * 256
+    scores = [0.0] * n_special + [-float(i) for i in range(95)] + [-1000.0] * 256
     n_vocab = len(tokens)
 
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from laya.errors import QuestionError
 from laya.questions import parse_questions
 
 
+@dataclass
+class Job:
+    states: list[Any]
+    questions: list[Any]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
 class ScriptedEngine:
-    """Answers every noul with 0.5 after `delay` seconds; the state "boom" raises inside `execute`."""
+    """Answers every noul with 0.5 after `delay` seconds per state (a cancelled job stops between
+    states, as the real engines stop between forward passes); the state "boom" raises inside `execute`."""
 
     description = "scripted test engine"
     release_date = "2026-01-01"
@@ -22,24 +31,35 @@ class ScriptedEngine:
         self.executed: list[Any] = []
         self.lock = threading.Lock()
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> dict:
+    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> Job:
         if "crash" in states:
             raise KeyError("an unexpected bug")
-        return {"states": states, "questions": parse_questions(questions)}
+        return Job(states, parse_questions(questions))
 
-    def rows(self, job: dict) -> int:
-        return len(job["states"]) * len(job["questions"])
+    def rows(self, job: Job) -> int:
+        return len(job.states) * len(job.questions)
 
-    def execute(self, jobs: list[dict]) -> list[list[dict]]:
-        time.sleep(self.delay)
-        if any(s == "boom" for job in jobs for s in job["states"]):
+    def execute(self, jobs: list[Job]) -> list[list[dict]]:
+        if any(s == "boom" for job in jobs for s in job.states):
+            time.sleep(self.delay)
             raise RuntimeError("scripted failure")
-        if any(s == "refuse" for job in jobs for s in job["states"]):
+        if any(s == "refuse" for job in jobs for s in job.states):
+            time.sleep(self.delay)
             raise QuestionError("refused while running", qid="u")
-        with self.lock:
-            self.executed.extend(s for job in jobs for s in job["states"])
-        return [[{"model": self.name, "answers": {q.qid: {"type": "noul", "noul": 0.5} for q in job["questions"]},
-                  "usage": {"input_tokens": 1, "output_tokens": 0}} for _ in job["states"]] for job in jobs]
+        out = []
+        for job in jobs:
+            answers = []
+            for state in job.states:
+                if job.cancelled.is_set():
+                    answers = []
+                    break
+                time.sleep(self.delay)
+                with self.lock:
+                    self.executed.append(state)
+                answers.append({"model": self.name, "usage": {"input_tokens": 1, "output_tokens": 0},
+                                "answers": {q.qid: {"type": "noul", "noul": 0.5} for q in job.questions}})
+            out.append(answers)
+        return out
 
     def warmup(self) -> None:
         pass

@@ -21,11 +21,11 @@ class ScriptedBackend:
         self.seq: list[int] = []
         self.prefill_calls: list[list[int]] = []
 
-    def render(self, message: str) -> str:
-        return f"<u>{message}</u><a>" if self.templated else message
+    def prompt_tokens(self, message: str) -> list[int]:
+        return [BOS, *self.tokenize(f"<u>{message}</u><a>" if self.templated else message)]
 
-    def tokenize(self, text: str, *, prompt: bool) -> list[int]:
-        out, i = ([BOS] if prompt else []), 0
+    def tokenize(self, text: str) -> list[int]:
+        out, i = [], 0
         while i < len(text):
             if text.startswith("ab", i):
                 out.append(MERGED_AB)

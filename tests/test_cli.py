@@ -39,7 +39,7 @@ def test_predict_state_from_stdin(checkpoint_dir):
         (["predict", "-m", "/no/such/folder", "-s", "x", "-q", "{}"], "no such checkpoint folder"),
         (["predict", "-m", "{ck}", "-s", "x", "-q", "{bad json"], "--questions: not valid JSON"),
         (["predict", "-m", "{ck}", "-s", "x", "-q", "@/no/file.json"], "--questions: file not found"),
-        (["predict", "-m", "{ck}", "-s", "x", "-q", '{"a": {"type": "essay"}}'], "unknown type 'essay'"),
+        (["predict", "-m", "{ck}", "-s", "x", "-q", '{"a": {"type": "essay"}}'], "Input tag 'essay' does not match"),
         (["predict", "-m", "{ck}", "-s", "x", "-q", "{}"], "questions must not be empty"),
         (["predict", "-m", "{ck}", "-s", "x", "-q", json.dumps(QUESTIONS), "-r", "tpu"], "unknown runtime"),
     ],

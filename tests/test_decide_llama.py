@@ -32,7 +32,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def raw_path(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "raw.gguf", seed=3, chat_template=None)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "raw.gguf", seed=3, family="raw")
 
 
 def backends(path):
@@ -64,7 +64,7 @@ def test_restored_prefix_scores_bit_for_bit_what_a_fresh_one_does(path):
     fresh.backend.reset()
     fresh.backend.prefill(full[:n_prefix])
     fresh.backend.prefill(full[n_prefix:])
-    ids = [fresh.backend.tokenize(x, prompt=False)[0] for x in LABELS2]
+    ids = [fresh.backend.tokenize(x)[0] for x in LABELS2]
     np.testing.assert_array_equal(log_softmax(fresh.backend.last_logits())[ids], other.logp)
 
 
@@ -91,7 +91,7 @@ def test_scores_equal_the_last_row_of_one_whole_prefill(path):
     whole = backends(path)
     whole.llm.reset()
     whole.llm.eval(full)
-    ids = [backend.tokenize(x, prompt=False)[0] for x in LABELS3]
+    ids = [backend.tokenize(x)[0] for x in LABELS3]
     np.testing.assert_array_equal(log_softmax(whole.last_logits())[ids], got.logp)
 
 
@@ -109,7 +109,7 @@ def test_refusals_and_other_decisions_leave_a_decision_unchanged(path):
 
 def test_raw_prompt_without_template(raw_path):
     backend = backends(raw_path)
-    assert not backend.templated and backend.render("x") == "x"
+    assert not backend.templated and backend.prompt_tokens("x") == [backend.llm.token_bos(), *backend.tokenize("x")]
     model = DecideModel(backend, "raw")
     out = model.predict(STATE, {"t": {"type": "choice", "instructions": "Team?", "criteria": ["billing", "sales"]}})
     assert abs(sum(out["answers"]["t"]["probabilities"].values()) - 1) < 1e-9

@@ -16,16 +16,16 @@ LABELS = ["A", "B", "C"]
 def test_split_gives_one_token_back_at_a_merge():
     backend = ScriptedBackend()
     full, n_prefix = split_prompt(backend, "xa", "bq")
-    assert full == backend.tokenize("<u>xabq</u><a>", prompt=True)
+    assert full == backend.prompt_tokens("xabq")
     assert MERGED_AB in full  # "a" + "b" merged across the join
     assert n_prefix == 4  # BOS < u > | x  (the 'x' that was shared is given back too)
-    assert full[:n_prefix] == [BOS, *backend.tokenize("<u>", prompt=False)]
+    assert full[:n_prefix] == [BOS, *backend.tokenize("<u>")]
 
 
 def test_split_plain_join():
     backend = ScriptedBackend()
     full, n_prefix = split_prompt(backend, "state: hello. ", "question?")
-    alone = backend.tokenize(backend.render("state: hello. "), prompt=True)
+    alone = backend.prompt_tokens("state: hello. ")
     shared = next(i for i, (a, b) in enumerate(zip(full, alone)) if a != b)
     assert n_prefix == shared - 1 and full[:n_prefix] == alone[:n_prefix]
 
@@ -73,8 +73,7 @@ def test_kept_state_is_restored_extended_and_stored():
     # same prefix, another question: only the suffix is prefilled
     s2, r2 = decider.decide("the state. ", "second question", LABELS)
     assert r2.reused_tokens == n_prefix and r2.prefilled_tokens == r2.n_tokens - n_prefix
-    assert backend.prefill_calls[-1] == backend.tokenize(backend.render("the state. second question"),
-                                                         prompt=True)[n_prefix:]
+    assert backend.prefill_calls[-1] == backend.prompt_tokens("the state. second question")[n_prefix:]
     # the prefix grew: the kept part is restored, the rest prefilled, and the longer prefix kept
     s3, r3 = decider.decide("the state. more state. ", "second question", LABELS)
     assert r3.reused_tokens == n_prefix and len(decider.cache.kept.tokens) > n_prefix
@@ -92,7 +91,7 @@ def test_reuse_prefix_false_leaves_the_kept_state_alone():
     kept = decider.cache.kept
     _, report = decider.decide("another prefix. ", "q", LABELS, reuse_prefix=False)
     assert decider.cache.kept is kept and report.reused_tokens == 0
-    assert backend.prefill_calls[-1] == backend.tokenize(backend.render("another prefix. q"), prompt=True)
+    assert backend.prefill_calls[-1] == backend.prompt_tokens("another prefix. q")
     _, again = decider.decide("kept prefix. ", "q2", LABELS)
     assert again.reused_tokens == len(kept.tokens)
 
@@ -103,7 +102,7 @@ def test_policy_off_and_byte_bound():
     assert off.cache.kept is None
     tiny = Decider(ScriptedBackend(), PrefixCache(max_bytes=8))
     _, report = tiny.decide("a long enough state", "q", LABELS)
-    assert tiny.cache.kept is None and report.state_bytes == 0
+    assert tiny.cache.kept is None and report.stored_bytes == 0
     with pytest.raises(ValueError, match="policy"):
         PrefixCache(policy="sometimes")
 

@@ -95,16 +95,17 @@ def test_bad_requests_raise_before_inference(model, monkeypatch):
     monkeypatch.setattr(model.runtime, "forward", lambda b: pytest.fail("no inference for a bad request"))
     with pytest.raises(QuestionError, match="state must not be null"):
         model.predict(None, {"t": ROUTE})
-    with pytest.raises(QuestionError, match="unknown type"):
+    with pytest.raises(QuestionError, match="does not match any of the expected tags"):
         model.predict(STATE, {"t": ROUTE, "bad": {"type": "essay"}})
     with pytest.raises(QuestionError, match="list of states"):
         model.predict_batch(STATE, {"t": ROUTE})
     assert model.predict_batch([], {"t": ROUTE}) == []
 
 
-def test_single_option_question(model):
-    out = model.predict(STATE, {"only": {"type": "choice", "instructions": "x", "criteria": ["yes"]}})
-    assert out["answers"]["only"]["probabilities"] == {"yes": 1.0}
+def test_a_single_option_question_is_refused_as_the_contract_says(model, monkeypatch):
+    monkeypatch.setattr(model.runtime, "forward", lambda b: pytest.fail("no inference for a bad request"))
+    with pytest.raises(QuestionError, match="at least 2 options, got 1"):
+        model.predict(STATE, {"only": {"type": "choice", "instructions": "x", "criteria": ["yes"]}})
 
 
 def test_unknown_runtime(checkpoint_dir):

@@ -4,39 +4,88 @@ from __future__ import annotations
 
 import pytest
 
+from laya.api import ApiError, parse_systemone
 from laya.errors import QuestionError
 from laya.questions import check_state, parse_question, parse_questions
 
+# The one rule set (System One contract where upstream laya is looser): each malformed question, the
+# problem's location inside the request, and a piece of the message the library raises.
+MALFORMED = [
+    ({"type": "multiple"}, ("type",), "does not match any of the expected tags"),
+    ({"instructions": "x"}, ("type",), "Field required"),
+    ("not an object", (), "valid dictionary"),
+    ({"type": "choice", "instructions": "x"}, ("criteria",), "takes 'criteria'"),
+    ({"type": "choice", "instructions": "x", "criteria": {}}, ("criteria",), "at least 2 options"),
+    ({"type": "choice", "instructions": "x", "criteria": {"only": None}}, ("criteria",), "at least 2 options"),
+    ({"type": "choice", "criteria": {str(i): None for i in range(256)}}, ("criteria",), "at most 255 options"),
+    ({"type": "choice", "instructions": "x", "criteria": ["a", "a"]}, ("criteria",), "appears twice"),
+    ({"type": "choice", "instructions": "x", "criteria": ["a", None]}, ("criteria", 1), "must be strings"),
+    ({"type": "choice", "instructions": "x", "criteria": [1, 2, 3]}, ("criteria", 0), "must be strings"),
+    ({"type": "choice", "instructions": "x", "criteria": [["a"], "b"]}, ("criteria", 0), "must be strings"),
+    ({"type": "choice", "criteria": {"a": 0, "b": None}}, ("criteria", "a"), "valid string, object or array"),
+    ({"type": "choice", "criteria": "a, b"}, ("criteria",), "valid dictionary"),
+    ({"type": "score", "instructions": "x", "criteria": {"0": "low", "1": "high"}}, ("criteria",), "LIST"),
+    ({"type": "score", "instructions": "x", "criteria": []}, ("criteria",), "at least 2 levels"),
+    ({"type": "score", "instructions": "x", "criteria": ["one"]}, ("criteria",), "at least 2 levels"),
+    ({"type": "score", "criteria": [str(i) for i in range(11)]}, ("criteria",), "at most 10 levels"),
+    ({"type": "score", "instructions": "x", "criteria": ["a", None]}, ("criteria", 1), "describe every level"),
+    ({"type": "score", "instructions": "x", "criteria": ["a", 3.5]}, ("criteria", 1), "describe every level"),
+    ({"type": "noul", "instructions": "x", "criteria": ["yes"]}, ("criteria",), "'true' and/or 'false'"),
+    ({"type": "noul", "instructions": "x", "criteria": {"maybe": "?"}}, ("criteria", "maybe"), "only the keys"),
+    ({"type": "noul", "criteria": {"true": "a", "TRUE": "b"}}, ("criteria", "TRUE"), "twice"),
+    ({"type": "noul", "criteria": {"true": 1}}, ("criteria", "true"), "valid string, object or array"),
+    ({"type": "noul", "instructions": "x", "labels": {"true": "A"}}, ("labels",), "labels"),
+    ({"type": "noul", "instructions": "x", "labels": {"true": "A", "false": "A"}}, ("labels",), "labels"),
+    ({"type": "noul", "instructions": 42}, ("instructions",), "valid string, object or array"),
+    ({"type": "noul", "instructions": object()}, ("instructions",), "valid string, object or array"),
+]
 
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ({"type": "multiple"}, "unknown type"),
-        ({"instructions": "x"}, "unknown type"),
-        ("not an object", "must be an object"),
-        ({"type": "choice", "instructions": "x"}, "takes 'criteria'"),
-        ({"type": "choice", "instructions": "x", "criteria": {}}, "at least one option"),
-        ({"type": "choice", "instructions": "x", "criteria": ["a", "a"]}, "appears twice"),
-        ({"type": "choice", "instructions": "x", "criteria": ["a", None]}, "must be a string"),
-        ({"type": "choice", "instructions": "x", "criteria": [["a"]]}, "must be a string"),
-        ({"type": "score", "instructions": "x", "criteria": {"0": "low", "1": "high"}}, "list of level"),
-        ({"type": "score", "instructions": "x", "criteria": []}, "at least one level"),
-        ({"type": "score", "instructions": "x", "criteria": ["a", None]}, "level 1 is null"),
-        ({"type": "noul", "instructions": "x", "criteria": ["yes"]}, "takes 'criteria'"),
-        ({"type": "noul", "instructions": "x", "criteria": {"maybe": "?"}}, "only have the keys"),
-        ({"type": "noul", "instructions": "x", "labels": {"true": "A"}}, "labels"),
-        ({"type": "noul", "instructions": "x", "labels": {"true": "A", "false": "A"}}, "labels"),
-        ({"type": "noul", "instructions": object()}, "'instructions' must be"),
-    ],
-)
-def test_malformed_questions_are_refused_by_name(spec, message):
+
+@pytest.mark.parametrize(("spec", "where", "message"), MALFORMED)
+def test_malformed_questions_are_refused_by_name(spec, where, message):
     with pytest.raises(QuestionError, match=message) as info:
         parse_question("my-question", spec)
-    assert "my-question" in str(info.value)
+    assert "my-question" in str(info.value) and info.value.qid == "my-question"
+
+
+@pytest.mark.parametrize(("spec", "where", "message"), MALFORMED)
+def test_the_server_refuses_exactly_what_the_library_refuses(spec, where, message):
+    """One validator: the HTTP schema reports the same problem, at its location in the body."""
+    if spec == {"type": "noul", "instructions": object()}:
+        return  # not JSON: no HTTP body can carry it
+    with pytest.raises(ApiError) as info:
+        parse_systemone({"state": "s", "questions": {"my-question": spec}})
+    assert info.value.status == 422
+    first = info.value.detail[0]
+    assert first["loc"] == ["body", "questions", "my-question", *where] and message in first["msg"]
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "choice", "criteria": {"a": None, "b": ""}},
+    {"type": "choice", "criteria": ["a", "b"], "instructions": {"task": "route"}},
+    {"type": "choice", "criteria": {str(i): None for i in range(255)}},
+    {"type": "score", "criteria": ["low", {"label": "high"}]},
+    {"type": "score", "criteria": [str(i) for i in range(10)]},
+    {"type": "noul", "criteria": None, "instructions": None},
+    {"type": "noul", "criteria": {"True": ["x"]}, "labels": {"false": "B", "true": "A"}},
+])
+def test_both_surfaces_accept_the_same_valid_questions(spec):
+    question = parse_question("q", spec)
+    request = parse_systemone({"state": "s", "questions": {"q": spec}})
+    assert parse_questions(request.questions) == [question]
+
+
+def test_every_problem_is_listed_by_the_server_and_counted_by_the_library():
+    questions = {"a": {"type": "choice", "criteria": ["x"]}, "b": {"type": "score", "criteria": ["y"]}}
+    with pytest.raises(ApiError) as info:
+        parse_systemone({"state": "s", "questions": questions})
+    assert [d["loc"][2] for d in info.value.detail] == ["a", "b"]
+    with pytest.raises(QuestionError, match=r"question 'a'.*\(and 1 more problem\)"):
+        parse_questions(questions)
 
 
 def test_questions_must_be_a_non_empty_map():
-    with pytest.raises(QuestionError, match="map"):
+    with pytest.raises(QuestionError, match="dictionary of id -> question"):
         parse_questions([{"type": "noul"}])
     with pytest.raises(QuestionError, match="empty"):
         parse_questions({})

@@ -145,18 +145,18 @@ def test_state_is_cut_to_max_len(tok):
 
 def test_mask_literals_become_spaces(tok):
     mask = tok.mask_token
-    question = choice({f"a{mask}b": f"x{mask}y"}, instructions=f"which {mask} one")
+    question = choice({f"a{mask}b": f"x{mask}y", "c": None}, instructions=f"which {mask} one")
     (row,) = build_rows(tok, f"state {mask} text", [question], 256, 96)
-    assert list(row.ids).count(tok.mask_id) == 1  # only the real marker
-    assert list(row.ids) == list(build_rows(tok, "state   text", [choice({"a b": "x y"}, "which   one")],
+    assert list(row.ids).count(tok.mask_id) == 2  # only the real markers
+    assert list(row.ids) == list(build_rows(tok, "state   text", [choice({"a b": "x y", "c": None}, "which   one")],
                                             256, 96)[0].ids)
 
 
 def test_structured_text_is_json(tok):
-    spec = {"type": "choice", "instructions": {"task": "route", "n": 2}, "criteria": {"a": {"k": [1, "ü"]}}}
+    spec = {"type": "choice", "instructions": {"task": "route", "n": 2}, "criteria": {"a": {"k": [1, "ü"]}, "b": None}}
     question = q(spec)
     assert question.instructions == '{"task": "route", "n": 2}'
-    assert question.options == ('a: {"k": [1, "ü"]}',)
+    assert question.options == ('a: {"k": [1, "ü"]}', "b")
     assert q({"type": "noul", "instructions": ["x", 1]}).instructions == '["x", 1]'
     (row,) = build_rows(tok, {"ü": ["é"]}, [question], 256, 96)
     state = tok.encode('{"ü": ["é"]}')

@@ -1,8 +1,13 @@
 """The port between the decide policy and a live language model.
 
-Everything the policy needs, and nothing else: render a user message with the model's chat
-template, tokenize, prefill tokens after the current state, the last token's logits, and saving and
-restoring the whole sequence state. A scripted backend implements it in tests.
+Everything the policy needs, and nothing else: the prompt tokens of one user message under the
+model's chat template, the tokens of a bare label, prefill tokens after the current state, the last
+token's logits, and saving and restoring the whole sequence state. A scripted backend implements it
+in tests.
+
+What a request supplies (state, instructions, option names and descriptions) is only ever tokenised
+as plain text: the template's markup is tokenised as markup, the message as text, so a message that
+spells a control token (`<|im_end|>`) cannot close its turn or open the assistant's.
 """
 
 from __future__ import annotations
@@ -15,15 +20,15 @@ import numpy as np
 class DecideBackend(Protocol):
     n_ctx: int
     n_vocab: int
-    templated: bool  # whether `render` applies a chat template (else the text is a raw prompt)
+    templated: bool  # whether prompts follow a chat template (else the message is a raw prompt)
 
-    def render(self, message: str) -> str:
-        """The prompt for one user message, assistant turn opened, reasoning off."""
+    def prompt_tokens(self, message: str) -> list[int]:
+        """The prompt for one user message (assistant turn opened, reasoning off): BOS and template
+        markup as the model wants them, the message itself as plain text, never control tokens."""
         ...
 
-    def tokenize(self, text: str, *, prompt: bool) -> list[int]:
-        """`prompt=True`: a whole rendered prompt (BOS and special tokens as the model wants);
-        `prompt=False`: a bare answer label, no BOS, no special tokens."""
+    def tokenize(self, text: str) -> list[int]:
+        """A bare answer label as plain text: no BOS, no control tokens."""
         ...
 
     def reset(self) -> None:

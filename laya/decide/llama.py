@@ -3,6 +3,12 @@
 Logits are read with `llama_get_logits_ith(ctx, -1)`: with `logits_all=False`, `Llama.eval()` no
 longer fills `Llama.scores`. States are saved and restored whole (`save_state`/`load_state`), so a
 restored prefix continues exactly as the computed one would.
+
+User text stays text: the chat template is rendered once around a placeholder message, and its
+markup (before and after the message) is tokenised with special tokens parsed, the message itself
+without. llama.cpp still matches user-defined tokens in plain text, so the message is also cut
+inside every occurrence of a control or markup token's text before it is tokenised: no request
+field can ever become a control token, whatever the template.
 """
 
 from __future__ import annotations
@@ -15,6 +21,25 @@ from typing import Any
 import numpy as np
 
 from laya.errors import CheckpointError, RuntimeUnavailable
+
+# The placeholder message the template is rendered around (private-use characters: no template or
+# user text produces them by accident). Spaces around it reveal whether the template trims content.
+PLACEHOLDER = "\ue000laya-user-message\ue001"
+
+
+def split_at_specials(text: str, specials: list[str]) -> list[str]:
+    """`text` cut strictly inside every occurrence of each special token's text, so that no piece,
+    tokenised on its own, can contain one."""
+    cuts: set[int] = set()
+    for special in specials:
+        at = text.find(special)
+        while at != -1:
+            cuts.add(at + 1)
+            at = text.find(special, at + 1)
+    if not cuts:
+        return [text]
+    bounds = [0, *sorted(cuts), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 class LlamaBackend:
@@ -45,7 +70,8 @@ class LlamaBackend:
         self._bos_text = self._token_text(self.llm.token_bos()) if self.llm.token_bos() >= 0 else ""
         self._eos_text = self._token_text(self.llm.token_eos()) if self.llm.token_eos() >= 0 else ""
         self._add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "true") in ("true", True, "1"))
-        self._render = self._compile(self.template) if self.template else None
+        self._specials = self._special_texts()
+        self._markup = self._template_markup(self._compile(self.template)) if self.template else None
 
     def _token_text(self, token: int) -> str:
         return self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
@@ -62,17 +88,54 @@ class LlamaBackend:
         env.globals["raise_exception"] = raise_exception
         return env.from_string(template)
 
-    def render(self, message: str) -> str:
-        if self._render is None:
-            return message
-        return self._render.render(messages=[{"role": "user", "content": message}], add_generation_prompt=True,
-                                   bos_token=self._bos_text, eos_token=self._eos_text, enable_thinking=False)
+    def _special_texts(self) -> list[str]:
+        """Texts of the control tokens, and of user-defined tokens that look like markup (`<...>`,
+        `[...]`): the strings plain text must never turn into."""
+        lib, model = self._llama_cpp, self.llm.model
+        vocab = lib.llama_model_get_vocab(model)
+        control = int(lib.LLAMA_TOKEN_ATTR_CONTROL)
+        user_defined = int(lib.LLAMA_TOKEN_ATTR_USER_DEFINED)
+        out = set()
+        for token in range(self.n_vocab):
+            attr = int(lib.llama_vocab_get_attr(vocab, token))
+            if not attr & (control | user_defined):
+                continue
+            text = self._token_text(token)
+            markup = len(text) >= 2 and text[0] + text[-1] in ("<>", "[]")
+            if len(text) >= 2 and (attr & control or markup):
+                out.add(text)
+        return sorted(out)
 
-    def tokenize(self, text: str, *, prompt: bool) -> list[int]:
-        if not prompt:
-            return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-        add_bos = self._add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+    def _template_markup(self, template) -> tuple[str, str, bool]:
+        """The template's text before and after the user's message, and whether it trims the message."""
+        rendered = template.render(messages=[{"role": "user", "content": f" {PLACEHOLDER} "}],
+                                   add_generation_prompt=True, bos_token=self._bos_text, eos_token=self._eos_text,
+                                   enable_thinking=False)
+        if rendered.count(PLACEHOLDER) != 1:
+            raise CheckpointError(f"{self.path}: its chat template does not place the user's message verbatim once; "
+                                  "laya cannot keep request text apart from the template's markup")
+        before, _, after = rendered.partition(PLACEHOLDER)
+        if before.endswith(" ") and after.startswith(" "):
+            return before[:-1], after[1:], False
+        return before.rstrip(" "), after.lstrip(" "), True
+
+    def prompt_tokens(self, message: str) -> list[int]:
+        before, after, trims = self._markup or ("", "", False)
+        tokens = []
+        if self._add_bos and not (self._bos_text and before.startswith(self._bos_text)):
+            tokens.append(self.llm.token_bos())
+        if before:
+            tokens += self.llm.tokenize(before.encode("utf-8"), add_bos=False, special=True)
+        tokens += self.tokenize(message.strip() if trims else message)
+        if after:
+            tokens += self.llm.tokenize(after.encode("utf-8"), add_bos=False, special=True)
+        return tokens
+
+    def tokenize(self, text: str) -> list[int]:
+        tokens: list[int] = []
+        for piece in split_at_specials(text, self._specials):
+            tokens += self.llm.tokenize(piece.encode("utf-8"), add_bos=False, special=False)
+        return tokens
 
     def reset(self) -> None:
         self.llm.reset()

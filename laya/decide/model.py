@@ -26,8 +26,9 @@ from laya.decide.prompts import (
     prefix_for,
     score_by_digits,
 )
-from laya.errors import QuestionError
+from laya.errors import Cancelled, QuestionError
 from laya.heads import decode
+from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, check_state, parse_questions
 
 
@@ -61,7 +62,7 @@ class DecideModel:
             calibration.check_model(self.fingerprint, source or name)
             self.temperatures = calibration.over(self.temperatures)
         self._lock = threading.Lock()  # one live context: decisions run one at a time
-        space = backend.tokenize(" A", prompt=False)
+        space = backend.tokenize(" A")
         self.style = LabelStyle(templated=backend.templated, space_labels=len(space) == 1)
 
     def _names_usable(self, labels: list[str]) -> bool:
@@ -86,16 +87,22 @@ class DecideModel:
         check_fits(q, names_usable=names)
         return [choice_by_names(q, self.style) if names else choice_by_letters(q, self.style)]
 
-    def prepare(self, states: list[Any], questions: Mapping[str, Any]) -> tuple[list[Any], list[Question]]:
-        """Validate everything a decision would refuse, before anything is queued or prefilled."""
+    def prepare(self, states: list[Any], questions: Mapping[str, Any], *, limits: Limits = UNLIMITED
+                ) -> tuple[list[Any], list[Question]]:
+        """Validate everything a decision would refuse, before anything is queued or prefilled: the
+        decisions are counted before any prompt is tokenised, the tokens as the prompts are built."""
         parsed = parse_questions(questions)
         reads = {q.qid: self.readouts(q) for q in parsed}
+        limits.check("decisions", len(states) * sum(len(r) for r in reads.values()))
+        tokens = 0
         for state in states:
             check_state(state)
             prefix = prefix_for(state)
             for q in parsed:
-                longest = max(len(self.backend.tokenize(self.backend.render(prefix + r.suffix), prompt=True))
-                              for r in reads[q.qid])
+                lengths = [len(self.backend.prompt_tokens(prefix + r.suffix)) for r in reads[q.qid]]
+                tokens += sum(lengths)
+                limits.check("tokens", tokens)
+                longest = max(lengths)
                 if longest > self.backend.n_ctx:
                     raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens; the model's "
                                         f"context holds {self.backend.n_ctx}", qid=q.qid,
@@ -109,10 +116,11 @@ class DecideModel:
 
         return sha256_of(Path(self.source)) if self.source and Path(self.source).is_file() else ""
 
-    def evidence_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True
-                     ) -> tuple[list[Evidence], list[dict[str, Any]], int]:
+    def evidence_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
+                     cancelled: threading.Event | None = None) -> tuple[list[Evidence], list[dict[str, Any]], int]:
         """Per question: the first-token log-probabilities of each readout (untempered), the question's
-        extras (outside mass, prefill reports), and the prompt tokens read in all."""
+        extras (outside mass, prefill reports), and the prompt tokens read in all. `cancelled` (the
+        caller went away) stops before the next decision."""
         prefix = prefix_for(state)
         evidence, extras, tokens = [], [], 0
         with self._lock:
@@ -120,6 +128,8 @@ class DecideModel:
                 readouts, outside, reports = [], 0.0, []
                 reads = self.readouts(q)
                 for read in reads:
+                    if cancelled is not None and cancelled.is_set():
+                        raise Cancelled("the caller went away")
                     scores, report = self.decider.decide(prefix, read.suffix, list(read.labels),
                                                          reuse_prefix=reuse_prefix)
                     readouts.append((tuple(read.keys), scores.logp))
@@ -130,8 +140,9 @@ class DecideModel:
                 extras.append({"x_outside_mass": outside / len(reads), "x_prefill": [r.as_extras() for r in reports]})
         return evidence, extras, tokens
 
-    def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True) -> dict[str, Any]:
-        evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix)
+    def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
+                   cancelled: threading.Event | None = None) -> dict[str, Any]:
+        evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix, cancelled=cancelled)
         answers = {}
         for q, ev, extra in zip(parsed, evidence, extras):
             p = ev.probabilities(self.temperatures.for_question(q.qtype, q.n_options))

@@ -39,8 +39,8 @@ def split_prompt(backend: DecideBackend, prefix: str, suffix: str) -> tuple[list
     alone, and the two renderings agree up to the join. One matching token is given back: a merge
     across the join can make the last shared-looking token a different token in context.
     """
-    full = backend.tokenize(backend.render(prefix + suffix), prompt=True)
-    alone = backend.tokenize(backend.render(prefix), prompt=True) if prefix else []
+    full = backend.prompt_tokens(prefix + suffix)
+    alone = backend.prompt_tokens(prefix) if prefix else []
     shared = common_prefix(full, alone)
     return full, max(0, shared - 1)
 
@@ -51,7 +51,7 @@ def first_tokens(backend: DecideBackend, labels: list[str]) -> list[int]:
         raise DecideRefused("a decision needs at least one choice")
     ids = []
     for label in labels:
-        tokens = backend.tokenize(label, prompt=False)
+        tokens = backend.tokenize(label)
         if not tokens:
             raise DecideRefused(f"choice {label!r} has no tokens")
         ids.append(tokens[0])
@@ -129,12 +129,13 @@ class Report:
     prefill_ms: float = 0.0
     restore_ms: float = 0.0
     store_ms: float = 0.0
-    state_bytes: int = 0
+    stored_bytes: int = 0  # the state this decision kept of its own prefix (0 when it kept none)
 
     def as_extras(self) -> dict[str, Any]:
+        """Only what this request reused, prefilled and stored: no figure about another caller's state."""
         return {"reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "prefill_ms": round(self.prefill_ms, 3), "restore_ms": round(self.restore_ms, 3),
-                "store_ms": round(self.store_ms, 3), "kept_state_bytes": self.state_bytes}
+                "store_ms": round(self.store_ms, 3), "stored_state_bytes": self.stored_bytes}
 
 
 class Decider:
@@ -158,6 +159,7 @@ class Decider:
         report.store_ms += (time.perf_counter() - started) * 1000.0
         if nbytes <= self.cache.max_bytes:
             self.cache.kept = KeptPrefix(tokens=list(tokens), state=state, nbytes=nbytes)
+            report.stored_bytes = nbytes
         else:
             self.cache.drop()
 
@@ -193,5 +195,4 @@ class Decider:
                 self._prefill(prefix_tokens, report)
                 self._store(prefix_tokens, report)
             self._prefill(full[n_prefix:], report)
-        report.state_bytes = self.cache.kept.nbytes if self.cache.kept else 0
         return score(backend.last_logits(), choice_ids, temperature), report

@@ -42,7 +42,8 @@ def available_runtimes() -> list[str]:
     return [name for name, (_, _, probe) in RUNTIMES.items() if importlib.util.find_spec(probe) is not None]
 
 
-def create_runtime(name: str, checkpoint: Checkpoint, **options: Any) -> Runtime:
+def runtime_class(name: str) -> type:
+    """The class of runtime `name`, once its framework is known to be installed."""
     if name not in RUNTIMES:
         raise RuntimeUnavailable(f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}")
     module_name, class_name, probe = RUNTIMES[name]
@@ -50,10 +51,18 @@ def create_runtime(name: str, checkpoint: Checkpoint, **options: Any) -> Runtime
         raise RuntimeUnavailable(
             f"runtime {name!r} needs the {probe!r} package; install the extra: pip install 'laya-runtime[{name}]'"
         )
-    cls = getattr(importlib.import_module(module_name), class_name)
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "checkpoint"}
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse options the runtime does not take, before anything slow (an export) happens."""
+    accepted = set(inspect.signature(runtime_class(name).__init__).parameters) - {"self", "checkpoint"}
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise RuntimeUnavailable(f"runtime {name!r} takes no option {', '.join(map(repr, unknown))}; "
                                  f"it takes {', '.join(sorted(accepted)) or 'none'}")
-    return cls(checkpoint, **options)
+
+
+def create_runtime(name: str, checkpoint: Checkpoint, **options: Any) -> Runtime:
+    check_options(name, options)
+    return runtime_class(name)(checkpoint, **options)

@@ -11,7 +11,8 @@ embedding gather, the type vector, the additive masks and the act head.
   and `cpuAndNeuralEngine` for the Neural Engine buckets.
 - `mil`: laya's numpy evaluator of the saved programs (`laya.runtimes.mil`); slow, runs anywhere:
   how the bundles are verified without a Mac.
-- `torch`: the torch modules the programs are converted from, in fp32 (needs the checkpoint).
+- `torch`: the torch modules the programs are converted from, in fp32 (built from the checkpoint by
+  `laya.export.coreml.torch_programs`, which `laya.load` calls).
 
 Elsewhere than macOS, `executor="coreml"` is refused with a message naming the platform.
 """
@@ -23,6 +24,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -90,32 +92,59 @@ class HostParts:
         return (h @ w2.T.astype(np.float64) + b2).astype(np.float32)
 
 
+@dataclass
+class Programs:
+    """What the runtime routes rows to: the general program and the Neural Engine buckets.
+
+    Built from a bundle's saved programs here, or by `laya.export.coreml.torch_programs` from the
+    torch modules the programs are converted from (the fp32 check of the conversion)."""
+
+    general: Predictor
+    lengths: list[int]
+    max_markers: int
+    buckets: dict[int, Predictor] = field(default_factory=dict)
+    slots: int = 0
+    host: HostParts | None = None
+
+
+def check_options(executor: str, compute_units: str) -> None:
+    """Refusals that do not depend on the bundle, made before anything is exported."""
+    if executor not in EXECUTORS:
+        raise RuntimeUnavailable(f"Core ML executor must be one of {EXECUTORS}, got {executor!r}")
+    if compute_units not in COMPUTE_UNITS:
+        raise RuntimeUnavailable(
+            f"compute_units of the general program must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}: "
+            "its plain layout gives wrong answers on the Neural Engine, so it never runs there (the "
+            "Neural Engine bucket programs do, for rows that fit them)")
+    if executor == "coreml" and sys.platform != "darwin":
+        raise RuntimeUnavailable(
+            f"Core ML predicts only on macOS (and iOS); this is {platform.system()} {platform.machine()}. "
+            "Use runtime='onnx' or 'torch' here, or executor='mil' to run a bundle's programs slowly in numpy "
+            "for verification")
+
+
 class CoremlRuntime:
     name = "coreml"
 
     def __init__(self, checkpoint: Checkpoint, compute_units: str = "cpu_and_gpu", executor: str = "coreml",
-                 ane: bool = True, precision: str = "fp16", cache_dir: str | os.PathLike | None = None):
-        if executor not in EXECUTORS:
-            raise RuntimeUnavailable(f"Core ML executor must be one of {EXECUTORS}, got {executor!r}")
-        if compute_units not in COMPUTE_UNITS:
-            raise RuntimeUnavailable(
-                f"compute_units of the general program must be one of {sorted(COMPUTE_UNITS)}, got {compute_units!r}: "
-                "its plain layout gives wrong answers on the Neural Engine, so it never runs there (the "
-                "Neural Engine bucket programs do, for rows that fit them)")
-        if executor == "coreml" and sys.platform != "darwin":
-            raise RuntimeUnavailable(
-                f"Core ML predicts only on macOS (and iOS); this is {platform.system()} {platform.machine()}. "
-                "Use runtime='onnx' or 'torch' here, or executor='mil' to run a bundle's programs slowly in numpy "
-                "for verification")
+                 ane: bool = True, precision: str = "fp16", bundle: str | os.PathLike | None = None,
+                 programs: Programs | None = None):
+        check_options(executor, compute_units)
         self.executor, self.compute_units = executor, compute_units
         self.routed = {"ane": 0, "general": 0}  # rows sent to each kind of program
-        tok, enc = checkpoint.tokenizer, checkpoint.encoder
-        self.pad_id = tok.pad_id
+        self.pad_id = checkpoint.tokenizer.pad_id
         if executor == "torch":
-            self._torch_programs(checkpoint, ane)
-            self.precision = "fp32"
+            if programs is None:
+                raise CheckpointError("executor='torch' runs the torch graphs the programs are converted from: "
+                                      "load the checkpoint (not a bundle) with laya.load(..., runtime='coreml')")
+            self.programs, self.precision, self.manifest, self.folder = programs, "fp32", {}, checkpoint.path
             return
-        folder = checkpoint.path if is_bundle(checkpoint.path) else self._cached(checkpoint, precision, ane, cache_dir)
+        folder = checkpoint.path if is_bundle(checkpoint.path) else bundle
+        if folder is None:
+            raise CheckpointError(f"{checkpoint.path}: the Core ML runtime runs an exported bundle; load the "
+                                  "checkpoint with laya.load(..., runtime='coreml') (which converts one on first "
+                                  "use) or convert it with `laya export coreml`")
+        folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest.get("kind") != "coreml":
             raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not a Core ML one")
@@ -124,26 +153,17 @@ class CoremlRuntime:
         self.manifest, self.folder = manifest, folder
         self.precision = manifest["precision"]
         general = manifest["general"]
-        self.lengths = list(general["lengths"])
-        self.max_markers = int(general["max_markers"])
-        self.general = self._program(folder / general["program"], compute_units)
-        self.buckets: dict[int, Predictor] = {}
-        self.slots = 0
+        self.programs = Programs(general=self._program(folder / general["program"], compute_units),
+                                 lengths=list(general["lengths"]), max_markers=int(general["max_markers"]))
         ane_part = manifest.get("ane")
         if ane and ane_part:
             from safetensors.numpy import load_file
 
-            self.slots = int(ane_part["slots"])
-            self.host = HostParts(load_file(str(folder / ane_part["host_weights"])), enc.local_attention, self.pad_id)
+            self.programs.slots = int(ane_part["slots"])
+            self.programs.host = HostParts(load_file(str(folder / ane_part["host_weights"])),
+                                           checkpoint.encoder.local_attention, self.pad_id)
             for bucket in ane_part["buckets"]:
-                self.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], NEURAL_ENGINE)
-
-    # construction
-    @staticmethod
-    def _cached(checkpoint: Checkpoint, precision: str, ane: bool, cache_dir) -> Path:
-        from laya.export.coreml import cached_bundle
-
-        return cached_bundle(checkpoint, precision, ane, Path(cache_dir) if cache_dir else None)
+                self.programs.buckets[int(bucket["length"])] = self._program(folder / bucket["program"], NEURAL_ENGINE)
 
     def _program(self, path: Path, units: str) -> Predictor:
         """`units`: a COMPUTE_UNITS key, or NEURAL_ENGINE for the channel-first bucket programs."""
@@ -156,39 +176,12 @@ class CoremlRuntime:
         model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS.get(units, units)))
         return lambda feeds: {k: np.asarray(v) for k, v in model.predict(feeds).items()}
 
-    def _torch_programs(self, checkpoint: Checkpoint, ane: bool) -> None:
-        """The fp32 torch modules each program is converted from, behind the same predictor shape."""
-        import torch
-
-        from laya.export.ane_net import SLOTS, AneNet
-        from laya.export.coreml import ANE_INPUTS, GENERAL_INPUTS, ane_buckets, general_lengths, general_module
-
-        def wrap(module, names, outputs):
-            def predict(feeds):
-                with torch.no_grad():
-                    result = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names])
-                return {k: v.numpy() for k, v in zip(outputs, result)}
-            return predict
-
-        self.lengths = general_lengths(checkpoint.config.max_len)
-        self.max_markers = 255
-        self.general = wrap(general_module(checkpoint), GENERAL_INPUTS, ["logits", "act_logits"])
-        self.buckets, self.slots = {}, 0
-        if ane:
-            w, enc = checkpoint.weights, checkpoint.encoder
-            self.slots = SLOTS
-            self.host = HostParts(w, enc.local_attention, self.pad_id)
-            for length in ane_buckets(checkpoint):
-                net = AneNet(w, enc, checkpoint.config.head_layers, length).eval()
-                self.buckets[length] = wrap(net, ANE_INPUTS, ["logits", "cls"])
-        self.manifest, self.folder = {}, checkpoint.path
-
     # running
     def bucket_for(self, n_tokens: int, n_markers: int) -> int | None:
         """The smallest Neural Engine bucket a row fits, or None (the general program takes it)."""
-        if n_markers > self.slots:
+        if n_markers > self.programs.slots:
             return None
-        return next((length for length in sorted(self.buckets) if n_tokens <= length), None)
+        return next((length for length in sorted(self.programs.buckets) if n_tokens <= length), None)
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
@@ -198,9 +191,10 @@ class CoremlRuntime:
             ids, markers, qtype = batch.input_ids[i, :n], batch.marker_pos[i, :k], int(batch.qtype[i])
             bucket = self.bucket_for(n, k)
             if bucket is not None:
-                out = self.buckets[bucket](self.host.inputs(ids, markers, qtype, bucket, self.slots))
+                programs = self.programs
+                out = programs.buckets[bucket](programs.host.inputs(ids, markers, qtype, bucket, programs.slots))
                 z = np.asarray(out["logits"], np.float32).reshape(-1)[:k]
-                act = self.host.act_logits(out["cls"], z)
+                act = programs.host.act_logits(out["cls"], z)
                 self.routed["ane"] += 1
             else:
                 z, act = self._general(ids, markers, qtype)
@@ -211,14 +205,15 @@ class CoremlRuntime:
 
     def _general(self, ids: np.ndarray, markers: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
         n, k = len(ids), len(markers)
-        if k > self.max_markers:
-            raise CheckpointError(f"a question with {k} options exceeds the Core ML program's {self.max_markers}")
-        length = next((x for x in self.lengths if x >= n), None)
+        lengths, max_markers = self.programs.lengths, self.programs.max_markers
+        if k > max_markers:
+            raise CheckpointError(f"a question with {k} options exceeds the Core ML program's {max_markers}")
+        length = next((x for x in lengths if x >= n), None)
         if length is None:
-            raise CheckpointError(f"a row of {n} tokens is longer than the Core ML program's {self.lengths[-1]}")
+            raise CheckpointError(f"a row of {n} tokens is longer than the Core ML program's {lengths[-1]}")
         padded = np.full((1, length), self.pad_id, dtype=np.int32)
         padded[0, :n] = ids
-        out = self.general({"input_ids": padded, "n_tokens": np.array([n], np.int32),
+        out = self.programs.general({"input_ids": padded, "n_tokens": np.array([n], np.int32),
                             "marker_pos": np.asarray(markers, np.int32)[None, :], "qtype": np.array([qtype], np.int32)})
         return (np.asarray(out["logits"], np.float32).reshape(-1)[:k],
                 np.asarray(out["act_logits"], np.float32).reshape(-1))

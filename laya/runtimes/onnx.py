@@ -1,8 +1,8 @@
 """`runtime="onnx"`: ONNX Runtime on the CPU, from an exported bundle (no torch needed to run it).
 
-Given a laya checkpoint instead of a bundle, it exports one on first use into a cache keyed by the
-weights' digest (that step needs torch). An int8 bundle whose export gate failed is refused unless
-`force=True`.
+It runs a bundle: the checkpoint itself when it is one, or `bundle` (what `laya.load` exports on
+first use into a cache keyed by the checkpoint's fingerprint). An int8 bundle whose export gate
+failed is refused unless `force=True`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def pad_markers(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return feed
 
 
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise CheckpointError(f"ONNX precision must be one of {PRECISIONS}, got {precision!r}")
+
+
 def _session(path: Path, threads: int | None):
     import onnxruntime as ort
 
@@ -46,15 +51,14 @@ class OnnxRuntime:
     name = "onnx"
 
     def __init__(self, checkpoint: Checkpoint, precision: str = "fp32", threads: int | None = None,
-                 force: bool = False, cache_dir: str | Path | None = None):
-        if precision not in PRECISIONS:
-            raise CheckpointError(f"ONNX precision must be one of {PRECISIONS}, got {precision!r}")
-        if is_bundle(checkpoint.path):
-            folder = checkpoint.path
-        else:
-            from laya.export.onnx import cached_bundle
-
-            folder = cached_bundle(checkpoint, precision, Path(cache_dir) if cache_dir else None)
+                 force: bool = False, bundle: str | Path | None = None):
+        check_precision(precision)
+        folder = checkpoint.path if is_bundle(checkpoint.path) else bundle
+        if folder is None:
+            raise CheckpointError(f"{checkpoint.path}: the ONNX runtime runs an exported bundle; load the "
+                                  "checkpoint with laya.load(..., runtime='onnx') (which exports one on first use) "
+                                  "or export it with `laya export onnx`")
+        folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest.get("kind") != "onnx":
             raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not an ONNX one")

@@ -19,10 +19,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 
-from laya.api import ALIASES, ApiError, parse_systemone, question_error, usage_error
+from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone, question_error, usage_error
 from laya.errors import LayaError, QuestionError
+from laya.limits import Limits
+from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded
-from laya.server.body import decode, parse_json, read_body
+from laya.server.body import check_media_type, check_tree, decode, parse_json, read_body
 from laya.server.metrics import Metrics
 from laya.server.openapi import BATCH_SCHEMA, REQUEST_SCHEMA
 
@@ -33,15 +35,49 @@ STATIC = Path(__file__).parent / "static"
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
 
 
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
 @dataclass
 class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     max_wait_ms: float = 2.0
     max_batch_rows: int = 64
-    max_pending: int = 64
-    max_batch_states: int = 256
+    max_pending_rows: int = 512  # rows waiting or running per model before 429
+    max_concurrency: int = 64  # decision requests inside the server at once; more are shed at the door
+    shed_hold_ms: float = 250.0  # how long a shed 429 is held before it is sent (at most its Retry-After)
     retry_after_s: int = 1
+    limits: Limits = field(default_factory=Limits)
+    # With no API key on a loopback bind, only loopback Host names are served (no DNS rebinding).
+    loopback_only: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):  # rebuilt from JSON in worker processes
+            self.limits = Limits(**self.limits)
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header (`[::1]:8000` -> `[::1]`, `localhost:8000` -> `localhost`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def guard(headers: dict[str, str], config: ServerConfig) -> tuple[int, str, str] | None:
+    """Refusals made before anything else (status, error type, message): a Host that is not a
+    loopback name when the server has no key on a loopback bind (DNS rebinding), and a cross-origin
+    browser request (another site's page posting to this server)."""
+    host = headers.get("host", "")
+    if config.loopback_only and not config.api_key and host_name(host) not in LOOPBACK_NAMES:
+        return (421, "misdirected_request", f"this server answers only loopback host names without an API key, "
+                                            f"not {host[:100]!r}")
+    origin = headers.get("origin")
+    if origin is not None and origin.split("://", 1)[-1].rstrip("/").lower() != host.strip().lower():
+        return (403, "cross_origin_refused", f"requests from the web origin {origin[:100]!r} are refused; "
+                                             "call the API from a server or the same origin")
+    return None
 
 
 @dataclass
@@ -62,15 +98,29 @@ class RequestContext:
     Pure ASGI rather than BaseHTTPMiddleware, which wraps `receive` and hides client disconnects.
     """
 
-    def __init__(self, app, metrics: Metrics):
+    def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission):
         self.app = app
         self.metrics = metrics
+        self.config = config
+        self.admission = admission
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        rid = headers.get(REQUEST_ID) or uuid.uuid4().hex
+        if scope["path"] in SHED_ROUTES:
+            if not self.admission.try_enter():  # at the door: no body read, no parsing, no log line
+                self.metrics.shed(scope["path"])
+                rid = next((v for k, v in scope.get("headers", ()) if k.lower() == b"x-typesafe-request-id"), None)
+                return await self.admission.shed(send, rid)
+            try:
+                return await self._handle(scope, receive, send)
+            finally:
+                self.admission.leave()
+        return await self._handle(scope, receive, send)
+
+    async def _handle(self, scope, receive, send):
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        rid = (headers.get(REQUEST_ID) or "")[:128] or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["rid"], state["log"] = rid, {}
         status = {"code": 500, "started": False}
@@ -83,6 +133,14 @@ class RequestContext:
             await send(message)
 
         try:
+            refused = guard(headers, self.config)
+            if refused is not None:
+                code, kind, message = refused
+                await send_with_id({"type": "http.response.start", "status": code,
+                                    "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body",
+                            "body": json.dumps({"detail": {"error_type": kind, "message": message}}).encode()})
+                return
             await self.app(scope, receive, send_with_id)
         except Exception:
             log.exception("internal error on %s %s (request %s)", scope["method"], scope["path"], rid)
@@ -131,11 +189,11 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         def _activate(engines: list[Any]) -> None:
             for engine in engines:
                 batcher = MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
-                                       max_pending=config.max_pending, on_batch=metrics.batch)
+                                       max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
                 batcher.start()
                 served.engines[engine.name] = engine
                 served.batchers[engine.name] = batcher
-                metrics.queue_depth[engine.name] = lambda b=batcher: b.pending
+                metrics.queue_depth[engine.name] = lambda b=batcher: b.pending_rows
             served.default = engines[0].name if engines else None
             served.ready = bool(engines)
             log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
@@ -150,11 +208,17 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
     app.state.served = served
     app.state.metrics = metrics
     app.state.config = config
-    app.add_middleware(RequestContext, metrics=metrics)
+    def retry_after() -> int:
+        """Seconds until the work queued now has drained, at the measured rate (the slowest model)."""
+        return max((b.retry_after() for b in served.batchers.values()), default=config.retry_after_s)
+
+    admission = Admission(config.max_concurrency, retry_after, hold_s=config.shed_hold_ms / 1000.0)
+    app.state.admission = admission
+    app.add_middleware(RequestContext, metrics=metrics, config=config, admission=admission)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+        return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
 
     def check_auth(request: Request) -> None:
         if not config.api_key:
@@ -177,36 +241,56 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                               f"unknown model {name!r}; this server serves {', '.join(served.engines)}")
         return name
 
-    async def read_json(request: Request) -> Any:
+    async def read_json(request: Request, batch: bool = False) -> Any:
+        """The validated request: media type, body and JSON checked, parsed off the event loop."""
+        headers = request.headers
+        check_media_type(headers.get("content-type"), browser="origin" in headers or "sec-fetch-mode" in headers)
         raw = await read_body(request, config.max_body_bytes)
-        return parse_json(decode(raw, request.headers.get("content-encoding"), config.max_body_bytes))
 
-    def overloaded(detail: str) -> ApiError:
-        return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry shortly",
-                           {"Retry-After": str(config.retry_after_s)})
+        def parse() -> Any:
+            data = decode(raw, headers.get("content-encoding"), config.max_body_bytes)
+            body = parse_json(data)
+            if isinstance(body, dict):
+                check_size(body, batch, config.limits)  # counted before anything is walked or validated
+            check_tree(body, data)
+            return parse_systemone(body, batch=batch, limits=config.limits)
+
+        return await run_in_threadpool(parse)
+
+    def overloaded(detail: str, retry_after: int) -> ApiError:
+        return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry after "
+                                                    f"{retry_after} s", {"Retry-After": str(retry_after)})
 
     async def answer(request: Request, name: str, states: list[Any], questions: dict, **options: Any) -> list[dict]:
         engine, batcher = served.engines[name], served.batchers[name]
-        if batcher.full:  # refuse before tokenising: under overload a 429 must cost next to nothing
-            raise overloaded(f"{batcher.pending} requests waiting for {name}")
+        rows = len(states) * len(questions)
+        try:  # admission in rows, before tokenising: under overload a 429 must cost next to nothing
+            batcher.reserve(rows)
+        except Overloaded as exc:
+            raise overloaded(str(exc), exc.retry_after) from exc
         try:
-            job = await run_in_threadpool(engine.prepare, states, questions, **options)
+            job = await run_in_threadpool(engine.prepare, states, questions, limits=config.limits, **options)
         except QuestionError as exc:
+            batcher.release(rows)
             raise question_error(exc) from exc
+        except BaseException:
+            batcher.release(rows)
+            raise
         request.state.log.update(model=name, questions=len(questions), states=len(states))
-        task = asyncio.ensure_future(batcher.submit(job))
+        task = asyncio.ensure_future(batcher.submit(job, rows))
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.05)
             if done:
                 break
-            if await request.is_disconnected():
+            if await request.is_disconnected():  # stop its remaining forward passes / decisions
+                job.cancelled.set()
                 task.cancel()
                 request.state.log.update(disconnected=True)
                 raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
         try:
             results, timing = task.result()
         except Overloaded as exc:
-            raise overloaded(str(exc)) from exc
+            raise overloaded(str(exc), exc.retry_after) from exc
         except QuestionError as exc:
             raise question_error(exc) from exc
         except InferenceFailed as exc:
@@ -223,8 +307,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
     async def systemone(request: Request):
         """Answer typed questions (choice, score, noul) about one state."""
         check_auth(request)
-        body = await read_json(request)
-        req = parse_systemone(body)
+        req = await read_json(request)
         name = resolve(req.model)
         (result,) = await answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix)
         return JSONResponse(result)
@@ -234,10 +317,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
     async def systemone_batch(request: Request):
         """The same questions over many states, in shared forward passes."""
         check_auth(request)
-        req = parse_systemone(await read_json(request), batch=True)
-        if len(req.state) > config.max_batch_states:
-            raise ApiError(422, [{"loc": ["body", "states"], "type": "too_long",
-                                  "msg": f"at most {config.max_batch_states} states per batch"}])
+        req = await read_json(request, batch=True)
         name = resolve(req.model)
         results = await answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix)
         total = sum(r["usage"]["input_tokens"] for r in results)
@@ -261,7 +341,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         """Liveness, what is loaded, on which runtime and device."""
         return {"status": "ok", "ready": served.ready, "default": served.default,
                 "models": {n: e.describe() for n, e in served.engines.items()},
-                "queue": {n: b.pending for n, b in served.batchers.items()},
+                "queue_rows": {n: b.pending_rows for n, b in served.batchers.items()},
                 "load_errors": served.load_errors}
 
     @app.get("/ready")

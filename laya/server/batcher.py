@@ -1,9 +1,13 @@
 """Dynamic micro-batching: concurrent requests for one engine share forward passes.
 
 One worker per engine takes the first waiting job, gathers more for at most `max_wait_ms` (or
-until `max_rows` rows), and runs them together on a dedicated thread, off the event loop. The
-queue is bounded: past `max_pending` jobs a submit raises `Overloaded` at once instead of letting
-latency grow without bound. A job whose caller went away before its turn is skipped.
+until `max_rows` rows), and runs them together on a dedicated thread, off the event loop.
+
+Admission is counted in work, not jobs: a request reserves its rows (`reserve`) before it is
+tokenised, and past `max_pending_rows` rows waiting or running it is refused at once (`Overloaded`)
+instead of letting latency grow without bound; a request alone is always admitted (the per-request
+limits bound it). The worker measures how many rows a second it drains, so a refusal can say when a
+retry is worth it (`retry_after`). A job whose caller went away before its turn is skipped.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +27,11 @@ log = logging.getLogger("laya.server")
 
 
 class Overloaded(Exception):
-    """The queue is full; the caller should retry after a moment."""
+    """The queue is full; the caller should retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -41,15 +50,41 @@ class _Item:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
+class DrainRate:
+    """Rows per second the worker has been finishing (an exponentially weighted mean of busy time)."""
+
+    def __init__(self, half_life_rows: float = 256.0):
+        self.rows_per_s: float | None = None
+        self.half_life = half_life_rows
+
+    def add(self, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0:
+            return
+        rate = rows / seconds
+        if self.rows_per_s is None:
+            self.rows_per_s = rate
+        else:
+            keep = 0.5 ** (rows / self.half_life)
+            self.rows_per_s = keep * self.rows_per_s + (1 - keep) * rate
+
+    def seconds_for(self, rows: int) -> int:
+        """Whole seconds (1 to 60) until `rows` rows have drained at the measured rate."""
+        if not self.rows_per_s:
+            return 1
+        return max(1, min(60, math.ceil(rows / self.rows_per_s)))
+
+
 class MicroBatcher:
-    def __init__(self, engine: Any, *, max_wait_ms: float = 2.0, max_rows: int = 64, max_pending: int = 64,
+    def __init__(self, engine: Any, *, max_wait_ms: float = 2.0, max_rows: int = 64, max_pending_rows: int = 512,
                  on_batch=None):
         self.engine = engine
         self.max_wait = max_wait_ms / 1000.0
         self.max_rows = max_rows
-        self.max_pending = max_pending
+        self.max_pending_rows = max_pending_rows
         self.on_batch = on_batch
-        self.pending = 0
+        self.pending_rows = 0  # reserved by admitted requests, until their job is done
+        self.pending_jobs = 0
+        self.drain = DrainRate()
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"laya-{engine.name}")
@@ -67,16 +102,30 @@ class MicroBatcher:
 
     @property
     def full(self) -> bool:
-        return self.pending >= self.max_pending
+        return self.pending_rows >= self.max_pending_rows
 
-    async def submit(self, job: Any) -> tuple[list[dict], Timing]:
+    def retry_after(self) -> int:
+        """Seconds until the work waiting now has drained, at the measured rate."""
+        return self.drain.seconds_for(self.pending_rows)
+
+    def reserve(self, rows: int) -> None:
+        """Admit a request of `rows` rows, or refuse it (`Overloaded`) when the queue holds too much."""
+        if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:
+            raise Overloaded(f"{self.pending_rows} rows are already waiting for {self.engine.name}",
+                             self.retry_after())
+        self.pending_rows += rows
+
+    def release(self, rows: int) -> None:
+        """Give back a reservation whose job will not run (refused while it was prepared)."""
+        self.pending_rows -= rows
+
+    async def submit(self, job: Any, rows: int) -> tuple[list[dict], Timing]:
+        """Run a job whose `rows` were reserved; the reservation is released when it is done."""
         if self._queue is None:
             raise RuntimeError("batcher not started")
-        if self.full:
-            raise Overloaded(f"{self.pending} requests are already waiting for {self.engine.name}")
         future = asyncio.get_running_loop().create_future()
-        self.pending += 1
-        self._queue.put_nowait(_Item(job=job, rows=self.engine.rows(job), future=future))
+        self.pending_jobs += 1
+        self._queue.put_nowait(_Item(job=job, rows=rows, future=future))
         return await future
 
     async def _worker(self) -> None:
@@ -104,7 +153,8 @@ class MicroBatcher:
                 if live:
                     await self._run(loop, live)
             finally:
-                self.pending -= len(batch)
+                self.pending_jobs -= len(batch)
+                self.pending_rows -= sum(it.rows for it in batch)
 
     async def _run(self, loop, items: list[_Item]) -> None:
         started = time.perf_counter()
@@ -121,13 +171,14 @@ class MicroBatcher:
             if not items[0].future.done():
                 items[0].future.set_exception(exc)
             return
-        elapsed = (time.perf_counter() - started) * 1000.0
+        seconds = time.perf_counter() - started
         rows = sum(it.rows for it in items)
+        self.drain.add(rows, seconds)
         if self.on_batch:
             self.on_batch(len(items), rows)
         for it, result in zip(items, results):
             if not it.future.done():
-                timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=elapsed,
+                timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=seconds * 1000.0,
                                 batch_rows=rows, batch_jobs=len(items))
                 it.future.set_result((result, timing))
 

@@ -1,20 +1,102 @@
-"""Reading a request body safely: a cap on the bytes received and on the bytes decompressed.
+"""Reading a request body safely: its media type, a cap on the bytes received and decompressed,
+and JSON that is strictly JSON.
 
 The official SDK zstd-compresses bodies of 1 kB and more; some clients gzip. A small compressed
 body can expand enormously, so decompression is streamed and stopped at the cap (a 413), never
 materialised whole.
+
+JSON rules (each a 422 naming the problem, never a 5xx): UTF-8 only; no NaN or Infinity literals
+and no number that overflows to one; integers of at most 64 digits; nesting at most 64 deep; no
+lone surrogate in a string (`"\ud800"`: it is no text); and no duplicate key in an object, since
+which of two values a client meant cannot be known.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import zlib
 from typing import Any
 
 from laya.api import ApiError, usage_error
 
 CHUNK = 64 * 1024
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 64
+JSON_TYPES = ("application/json",)
+
+
+def check_media_type(content_type: str | None, browser: bool) -> None:
+    """Bodies must be JSON (`application/json` or a `+json` type). A body with no Content-Type is
+    accepted only from a non-browser client: a web page can send one without a CORS preflight."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json")):
+        return
+    if not media and not browser:
+        return
+    shown = media or "none"
+    raise usage_error(415, "unsupported_media_type",
+                      f"the body must be JSON sent as 'Content-Type: application/json' (got {shown[:100]!r})")
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Refused(f"duplicate key {key[:100]!r} in an object")
+            seen.add(key)
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON")
+
+
+def _invalid(loc: list, msg: str) -> ApiError:
+    return ApiError(422, [{"loc": ["body", *loc], "msg": msg, "type": "json_invalid"}])
+
+
+def check_tree(value: Any, data: bytes) -> None:
+    """Duplicate keys, depth, numbers and text of a parsed body (`data`, its bytes), iteratively: no
+    recursion a hostile body can exhaust. Called after the request's size is checked."""
+    if b"{" in data:
+        try:
+            json.loads(data, object_pairs_hook=_no_duplicates)
+        except _Refused as exc:
+            raise _invalid([], str(exc)) from exc
+    stack: list[tuple[Any, list, int]] = [(value, [], 1)]
+    while stack:
+        node, loc, depth = stack.pop()
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                raise _invalid(loc, "a number overflows to infinity")
+            continue
+        if isinstance(node, int) and not isinstance(node, bool):
+            if abs(node) >= 10**MAX_INT_DIGITS:
+                raise _invalid(loc, f"an integer of more than {MAX_INT_DIGITS} digits")
+            continue
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _invalid(loc, "a string holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                                    "not text") from None
+            continue
+        if isinstance(node, dict | list):
+            if depth > MAX_DEPTH:
+                raise _invalid(loc[:MAX_DEPTH], f"JSON nested more than {MAX_DEPTH} deep")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(key, str):
+                    stack.append((key, loc, depth))
+                stack.append((child, [*loc, key] if len(loc) < MAX_DEPTH else loc, depth + 1))
 
 
 def _too_large(limit: int, what: str) -> ApiError:
@@ -65,12 +147,23 @@ def decode(data: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def parse_json(data: bytes) -> Any:
+    """The body as JSON (syntax, UTF-8, constants) by the C decoder alone; `check_tree` checks the rest
+    once the request's size is known to be within limits. CPU work: the server calls both off the
+    event loop."""
     try:
-        return json.loads(data)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(422, [{"loc": ["body"], "msg": "the body is not UTF-8", "type": "json_invalid"}]) from exc
+        raise _invalid([], f"the body is not UTF-8 (invalid byte at offset {exc.start})") from exc
+    if text.startswith("\ufeff"):
+        raise _invalid([], "the body starts with a byte-order mark; send plain UTF-8 JSON")
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except _Refused as exc:
+        raise _invalid([], str(exc)) from exc
     except json.JSONDecodeError as exc:
-        raise ApiError(422, [{"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}",
-                              "type": "json_invalid"}]) from exc
+        raise _invalid([exc.pos], f"JSON decode error: {exc.msg}") from exc
     except RecursionError as exc:
-        raise ApiError(422, [{"loc": ["body"], "msg": "JSON nested too deeply", "type": "json_invalid"}]) from exc
+        raise _invalid([], f"JSON nested more than {MAX_DEPTH} deep") from exc
+    except ValueError as exc:  # anything else the decoder refuses, e.g. an integer of thousands of digits
+        raise _invalid([], f"not valid JSON ({str(exc)[:200]})") from exc
+    return value

@@ -6,7 +6,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -43,9 +43,16 @@ class Metrics:
         self.queue_depth: dict[str, Callable[[], int]] = {}
 
     def request(self, route: str, status: int, seconds: float) -> None:
+        """Latency is kept per route for answered requests (2xx) and for the others apart, so the
+        answered requests' percentiles stay readable under a flood of refusals."""
         with self._lock:
             self.requests[(route, status)] += 1
-            self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+            key = f'route="{route}",outcome="{"ok" if status < 300 else "error"}"'
+            self.latency.setdefault(key, Histogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def shed(self, route: str) -> None:
+        """A request refused at the door: counted, nothing else (it must cost next to nothing)."""
+        self.requests[(route, 429)] += 1
 
     def batch(self, jobs: int, rows: int) -> None:
         with self._lock:
@@ -66,8 +73,8 @@ class Metrics:
                     errors[status] += n
             lines += [f'laya_errors_total{{status="{s}"}} {n}' for s, n in sorted(errors.items())]
             lines += ["# HELP laya_request_seconds Request latency.", "# TYPE laya_request_seconds histogram"]
-            for route, hist in sorted(self.latency.items()):
-                lines += hist.lines("laya_request_seconds", f'route="{route}"')
+            for labels, hist in sorted(self.latency.items()):
+                lines += hist.lines("laya_request_seconds", labels)
             lines += ["# HELP laya_batch_jobs Requests coalesced per forward batch.",
                       "# TYPE laya_batch_jobs histogram"]
             lines += self.batch_jobs.lines("laya_batch_jobs")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ from typing import Any
 from laya.errors import LayaError
 from laya.server.app import ServerConfig, create_app
 
-CONFIG_ENV = "LAYA_SERVE_CONFIG"
+CONFIG_ENV = "LAYA_SERVE_CONFIG"  # workers: the path of a private file with the options (never the key itself)
+LOAD_ERROR = "load-error.txt"  # written beside it by a worker whose models failed to load
 # Longer than most clients' pool idle time: a server closing an idle keep-alive connection while a
 # client reuses it makes that request fail at the connection level.
 KEEP_ALIVE_S = 65
@@ -119,12 +122,24 @@ def build_app(options: ServeOptions):
 
 
 def app_from_env():
-    """Factory for multi-worker uvicorn: each worker process rebuilds the app from the environment."""
-    raw = json.loads(os.environ[CONFIG_ENV])
+    """Factory for multi-worker uvicorn: each worker process rebuilds the app from the options file
+    the parent wrote (readable only by this user). A worker whose models fail to load records the
+    error there and stops the whole server, as one process does."""
+    path = Path(os.environ[CONFIG_ENV])
+    raw = json.loads(path.read_text(encoding="utf-8"))
     options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
                            threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
                            calibration=raw["calibration"], server=ServerConfig(**raw["server"]))
-    return build_app(options)
+    app = None
+
+    def stop_everything() -> None:
+        errors = app.state.served.load_errors if app is not None else []
+        (path.parent / LOAD_ERROR).write_text("; ".join(errors) or "a worker could not load the models",
+                                              encoding="utf-8")
+        os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops every worker and exits
+
+    app = create_app(lambda: load_engines(options), options.server, on_load_failure=stop_everything)
+    return app
 
 
 def configure_logging() -> None:
@@ -141,12 +156,19 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
 
     configure_logging()
     if workers > 1:
-        os.environ[CONFIG_ENV] = json.dumps({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
-                                             "threads": options.threads, "n_ctx": options.n_ctx,
-                                             "prefix_cache": options.prefix_cache,
-                                             "calibration": options.calibration, "server": asdict(options.server)})
-        uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
+        with tempfile.TemporaryDirectory(prefix="laya-serve-") as private:  # mode 0700: this user only
+            path = Path(private) / "options.json"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
+                           "threads": options.threads, "n_ctx": options.n_ctx, "prefix_cache": options.prefix_cache,
+                           "calibration": options.calibration, "server": asdict(options.server)}, handle)
+            os.environ[CONFIG_ENV] = str(path)
+            uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
+                        log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
+            failed = Path(private) / LOAD_ERROR
+            if failed.exists():
+                raise LayaError(f"could not load the models: {failed.read_text(encoding='utf-8')}")
     else:
         server: uvicorn.Server | None = None
 

@@ -1,0 +1,48 @@
+"""How much work one request may ask for: every bound a server puts on a request, in one place.
+
+A caller may be hostile, so each request's work is bounded before it is done: states and questions
+are counted before either is validated, rows (states x questions) before any is built, tokens as the
+rows are really built (both engines), and decisions (prompts scored) on the decide engine. A request
+over a limit is refused (HTTP 413) with `error_type` naming the limit and the flag that sets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from laya.errors import QuestionError
+
+
+class LimitExceeded(QuestionError):
+    """A request asks for more work than the server allows (HTTP 413)."""
+
+    def __init__(self, what: str, got: int, limit: int, flag: str):
+        super().__init__(f"the request asks for {got} {what}; this server allows at most {limit} ({flag})",
+                         error_type=f"max_{what.replace(' ', '_')}_exceeded")
+        self.flag, self.limit, self.got = flag, limit, got
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Defaults sized for one CPU machine; every one is a `laya serve` flag."""
+
+    max_questions: int = 64  # --max-questions: questions per request
+    max_states: int = 256  # --max-states: states per /batch request
+    max_rows: int = 1024  # --max-rows: rows (states x questions) per request
+    max_tokens: int = 131072  # --max-request-tokens: tokens per request, counted as the rows are built
+    max_decisions: int = 512  # --max-decisions: prompts scored per request on the decide engine
+
+    def check(self, what: str, got: int) -> None:
+        limit, flag = {
+            "questions": (self.max_questions, "--max-questions"),
+            "states": (self.max_states, "--max-states"),
+            "rows": (self.max_rows, "--max-rows"),
+            "tokens": (self.max_tokens, "--max-request-tokens"),
+            "decisions": (self.max_decisions, "--max-decisions"),
+        }[what]
+        if got > limit:
+            raise LimitExceeded(what, got, limit, flag)
+
+
+UNLIMITED = Limits(max_questions=1 << 62, max_states=1 << 62, max_rows=1 << 62, max_tokens=1 << 62,
+                   max_decisions=1 << 62)

@@ -1,0 +1,165 @@
+"""The package as users get it: the sdist and the wheel built from it (as `python -m build` does), and
+that wheel installed, not editable, into a fresh virtual environment outside the checkout.
+
+Nothing here imports laya from the checkout: every command runs in the fresh environment, from a
+folder outside the repository, with no PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+# repository folder -> where it installs
+INSTALLED_AS = {"laya": "laya", "models": "laya/models", "export": "laya/export"}
+EXTRAS = "torch,onnx,export,serve,llama"
+
+
+def tracked_package_files() -> list[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", *INSTALLED_AS], capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def installed_path(rel: str) -> str:
+    top, _, rest = rel.partition("/")
+    return f"{INSTALLED_AS[top]}/{rest}"
+
+
+@pytest.fixture(scope="session")
+def dists(tmp_path_factory) -> dict[str, Path]:
+    """An sdist and the wheel built from it, from a copy of the tracked files (what a clone holds)."""
+    src = tmp_path_factory.mktemp("clone") / "laya-runtime"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True)
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(src)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
+
+
+def test_the_wheel_holds_every_package_and_data_file(dists):
+    names = set(zipfile.ZipFile(dists["wheel"]).namelist())
+    missing = [rel for rel in tracked_package_files() if installed_path(rel) not in names]
+    assert not missing, f"tracked files missing from the wheel: {missing}"
+    # what once went missing: the server, the decide engine, the demo page, the generators' data
+    for path in ("laya/server/app.py", "laya/decide/llama.py", "laya/server/static/index.html",
+                 "laya/models/corpus.txt", "laya/export/onnx.py"):
+        assert path in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_the_sdist_holds_every_package_and_data_file(dists):
+    with tarfile.open(dists["sdist"]) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    missing = [rel for rel in tracked_package_files() if rel not in names]
+    assert not missing, f"tracked files missing from the sdist: {missing}"
+    assert {"pyproject.toml", "setup.py", "README.md"} <= names
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    return env
+
+
+@pytest.fixture(scope="session")
+def fresh_env(dists, tmp_path_factory) -> Path:
+    """A virtual environment made by the interpreter the project's venv came from, with the wheel and
+    its extras installed by pip as a user would (torch pinned to the CPU build first, as setup does)."""
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    base = getattr(sys, "_base_executable", None) or shutil.which("python3")
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, env=_env())
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for args in (["torch==2.13.0"], [f"{dists['wheel']}[{EXTRAS}]"]):
+        done = subprocess.run(pip + args, capture_output=True, text=True, timeout=1800, env=_env(),
+                              cwd=venv.parent)
+        assert done.returncode == 0, done.stderr[-4000:]
+    return venv
+
+
+def run(venv: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], capture_output=True, text=True,
+                          timeout=timeout, env=_env(), cwd=cwd)
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
+    venv, work = fresh_env, tmp_path
+    where = run(venv, "python", "-c", "import laya, laya.server.app, laya.decide.llama, laya.export.onnx; "
+                                      "print(laya.__file__)", cwd=work)
+    assert where.returncode == 0, where.stderr
+    location = Path(where.stdout.strip()).resolve()
+    assert location.is_relative_to(venv.resolve()) and not location.is_relative_to(ROOT)
+    assert run(venv, "laya", "--help", cwd=work).returncode == 0
+
+    made = run(venv, "python", "-m", "laya.models.testgen", "ck", cwd=work)
+    assert made.returncode == 0, made.stderr
+    info = run(venv, "laya", "info", "ck", "--json", cwd=work)
+    assert info.returncode == 0, info.stderr
+    questions = json.dumps({"t": {"type": "choice", "instructions": "Team?",
+                                  "criteria": {"billing": "refunds", "sales": None}}})
+    answer = run(venv, "laya", "predict", "-m", "ck", "-s", "refund please", "-q", questions, cwd=work)
+    assert answer.returncode == 0, answer.stderr
+    probabilities = json.loads(answer.stdout)["answers"]["t"]["probabilities"]
+    exported = run(venv, "laya", "export", "onnx", "ck", "ck-onnx", cwd=work, timeout=600)
+    assert exported.returncode == 0, exported.stderr
+    from_bundle = run(venv, "laya", "predict", "-m", "ck-onnx", "-s", "refund please", "-q", questions, cwd=work)
+    assert from_bundle.returncode == 0, from_bundle.stderr
+    again = json.loads(from_bundle.stdout)["answers"]["t"]["probabilities"]
+    assert all(abs(again[k] - probabilities[k]) < 1e-4 for k in probabilities)
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path):
+    venv, work = fresh_env, tmp_path
+    assert run(venv, "python", "-m", "laya.models.testgen", "ck", cwd=work).returncode == 0
+    gguf = run(venv, "python", "-c", "from laya.server.serve import smollm2_gguf; print(smollm2_gguf())", cwd=work)
+    assert gguf.returncode == 0 and gguf.stdout.strip().endswith(".gguf"), gguf.stdout + gguf.stderr
+    port = free_port()
+    server = subprocess.Popen([str(venv / "bin" / "laya"), "serve", "-m", "enc=ck", "-m",
+                               f"chat={gguf.stdout.strip()}", "--port", str(port)],
+                              cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("the installed server never became ready")
+        question = {"u": {"type": "choice", "instructions": "Which team?",
+                          "criteria": {"billing": "payments", "support": "bugs"}}}
+        for name in ("enc", "chat"):
+            r = httpx.post(url + "/v1/systemone", json={"model": name, "state": "refund my payment",
+                                                         "questions": question}, timeout=60)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["model"] == name and set(body["answers"]["u"]["probabilities"]) == {"billing", "support"}
+        page = httpx.get(url + "/", timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()  # the demo page ships in the wheel
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
