@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--model", help="checkpoint to serve (default: a generated test checkpoint)")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the overload phase")
     parser.add_argument("--measure-seconds", type=float, default=10.0, help="length of each throughput phase")
-    parser.add_argument("--max-pending", type=int, default=64)
+    parser.add_argument("--max-pending-rows", type=int, default=512)
     args = parser.parse_args()
 
     tmp = tempfile.TemporaryDirectory()
@@ -140,7 +140,8 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     log_file = (Path(tmp.name) / "server.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "laya.cli", "serve", "--model", model, "--port", str(port),
-                               "--max-pending", str(args.max_pending)], stdout=subprocess.DEVNULL, stderr=log_file)
+                               "--max-pending-rows", str(args.max_pending_rows)],
+                              stdout=subprocess.DEVNULL, stderr=log_file)
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -66,6 +66,7 @@ class SystemOneRequest:
     state: Any
     questions: dict[str, Any]
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
+    tournament: int | None = None  # encoder engine: answer choices of more options by elimination in groups
 
 
 def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None) -> SystemOneRequest:
@@ -98,9 +99,15 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
     reuse = body.get("reuse_prefix")
     if reuse is not None and not isinstance(reuse, bool):
         problems.append(Problem(("reuse_prefix",), "Input should be a valid boolean", "bool_type"))
+    tournament = body.get("tournament")
+    if tournament is not None and (isinstance(tournament, bool) or not isinstance(tournament, int)
+                                   or not 2 <= tournament <= 255):
+        problems.append(Problem(("tournament",), "Input should be a group size from 2 to 255 (or null)",
+                                "int_type"))
     if problems:
         raise ApiError(422, render_problems(problems))
-    return SystemOneRequest(model=model, state=state, questions=body["questions"], reuse_prefix=reuse is not False)
+    return SystemOneRequest(model=model, state=state, questions=body["questions"], reuse_prefix=reuse is not False,
+                            tournament=tournament)
 
 
 def check_size(body: dict, batch: bool, limits: Limits) -> None:

@@ -28,6 +28,18 @@ def is_bundle(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
 
 
+def bundle_to_run(checkpoint: Checkpoint, bundle: str | os.PathLike | None, runtime: str) -> Path:
+    """The bundle a runtime runs: the checkpoint itself when it is one, else `bundle` (what loading
+    exported on first use). A runtime never exports: it says how to get one."""
+    if is_bundle(checkpoint.path):
+        return checkpoint.path
+    if bundle is None:
+        raise CheckpointError(f"{checkpoint.path}: the {runtime} runtime runs an exported bundle; load the checkpoint "
+                              f"with laya.load(..., runtime={runtime!r}) (which exports one on first use) or run "
+                              f"`laya export {runtime}`")
+    return Path(bundle)
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     try:

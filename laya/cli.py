@@ -73,7 +73,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     questions = _json_arg(args.questions, "--questions")
     state = _state_arg(args.state, args.state_json)
     model = _load(args)
-    response = model.predict(state, questions)
+    response = model.predict(state, questions, **({"tournament": args.tournament} if args.tournament else {}))
     print(json.dumps(response, ensure_ascii=False, indent=2 if args.pretty else None))
     return 0
 
@@ -148,11 +148,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_tokens=args.max_request_tokens, max_decisions=args.max_decisions)
     config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending_rows=args.max_pending_rows,
                           max_concurrency=args.max_concurrency, shed_hold_ms=args.shed_hold_ms,
+                          max_queue_ms=args.max_queue_ms,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
-                           calibration=calibration_args(args.calibration, args.model), server=config)
+                           calibration=calibration_args(args.calibration, args.model), server=config,
+                           engine_process=not args.single_process)
     if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
@@ -346,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
     predict.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
     predict.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    predict.add_argument("--tournament", type=int, metavar="G",
+                         help="answer every choice of more than G options by elimination in groups of G (choices "
+                              "too large for the model's row always are, in groups of 16)")
     predict.set_defaults(func=cmd_predict)
 
     info = sub.add_parser("info", help="print the encoder, parameter count, budgets and temperatures")
@@ -375,12 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
     srv.add_argument("--max-pending-rows", type=int, default=512,
                      help="rows waiting or running per model before new requests get 429 (default 512)")
+    srv.add_argument("--single-process", action="store_true",
+                     help="run the models inside the HTTP process (by default each model runs in a process of "
+                          "its own, so a flood of requests cannot take the interpreter or the CPU from inference)")
     srv.add_argument("--max-concurrency", type=int, default=64,
                      help="decision requests inside the server at once; more get 429 before their body is read "
                           "(default 64)")
-    srv.add_argument("--shed-hold-ms", type=float, default=250.0,
+    srv.add_argument("--max-queue-ms", type=float, default=500.0,
+                     help="shed new requests at the door while the queued work takes longer than this to drain "
+                          "at the measured rate (default 500)")
+    srv.add_argument("--shed-hold-ms", type=float, default=1000.0,
                      help="how long a request shed at the door waits for its 429 (at most its Retry-After; "
-                          "default 250)")
+                          "default 1000)")
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
     srv.add_argument("--max-body-mb", type=int, default=8, help="largest request body, after decompression")
     limits = Limits()

@@ -49,11 +49,13 @@ class EncoderEngine:
         return self.model.name
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
-                **options: Any) -> Prepared:
-        """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)"""
-        prepared = self.model.prepare(states, questions)
-        for rows in prepared.rows:
-            check_budgets(rows[0].state_tokens, [r.head_tokens for r in rows])
+                tournament: int | None = None, **options: Any) -> Prepared:
+        """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
+        A tournament's rows count against the limits: every group of every round and the final row."""
+        prepared = self.model.prepare(states, questions, tournament=tournament)
+        for rows, state in zip(prepared.rows, prepared.states):
+            check_budgets(len(state.ids), [r.head_tokens for r in rows])
+        limits.check("rows", prepared.n_rows)
         limits.check("tokens", prepared.n_tokens)
         return prepared
 
@@ -92,7 +94,8 @@ class DecideEngine:
         return self.model.name
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
-                reuse_prefix: bool = True) -> DecideJob:
+                reuse_prefix: bool = True, tournament: int | None = None) -> DecideJob:
+        """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)"""
         states, parsed = self.model.prepare(states, questions, limits=limits)
         return DecideJob(states, parsed, reuse_prefix)
 

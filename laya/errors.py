@@ -22,6 +22,9 @@ class QuestionError(LayaError, ValueError):
         self.qid = qid
         self.error_type = error_type
 
+    def __reduce__(self):  # keeps qid and error_type across processes (an engine in its own process)
+        return (QuestionError, (str(self), self.qid, self.error_type))
+
 
 class RuntimeUnavailable(LayaError, RuntimeError):
     """A runtime was asked for that is not installed or cannot run on this platform."""

@@ -19,7 +19,10 @@ class LimitExceeded(QuestionError):
     def __init__(self, what: str, got: int, limit: int, flag: str):
         super().__init__(f"the request asks for {got} {what}; this server allows at most {limit} ({flag})",
                          error_type=f"max_{what.replace(' ', '_')}_exceeded")
-        self.flag, self.limit, self.got = flag, limit, got
+        self.what, self.flag, self.limit, self.got = what, flag, limit, got
+
+    def __reduce__(self):
+        return (LimitExceeded, (self.what, self.got, self.limit, self.flag))
 
 
 @dataclass(frozen=True)

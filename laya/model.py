@@ -19,11 +19,12 @@ from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import collate, padded_length
-from laya.encoder.rows import Head, Row, build_head, build_rows
+from laya.encoder.rows import Head, Row, StateTokens, build_head, build_row, tokenize_state
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
 from laya.runtimes.base import Runtime
+from laya.tournament import DEFAULT_GROUP, Tournament
 
 DEFAULT_MAX_BATCH_ROWS = 32
 
@@ -35,16 +36,44 @@ class Prepared:
     `cancelled` is set when the caller went away: its rows not yet run are skipped."""
 
     questions: list[Question]
-    rows: list[list[Row]]  # per state, one row per question
+    rows: list[list[Row]]  # per state, one row per question answered in one row (not the tournaments)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    tournaments: dict[str, int] = field(default_factory=dict)  # qid -> group size, for choices too large
+    states: list[StateTokens] = field(default_factory=list)
+    max_len: int = 0
+
+    @property
+    def tournament_rows(self) -> int:
+        """Rows the tournaments take per state: every group of every round, and the final row."""
+        total = 0
+        for q in self.questions:
+            group = self.tournaments.get(q.qid)
+            n = q.n_options
+            while group and n > group:
+                n = -(-n // group)
+                total += n
+            total += 1 if group else 0
+        return total
 
     @property
     def n_rows(self) -> int:
-        return sum(len(rows) for rows in self.rows)
+        return sum(len(rows) for rows in self.rows) + len(self.states) * self.tournament_rows
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(row.ids) for rows in self.rows for row in rows)
+        """Tokens of the one-row questions as built, and at most `max_len` per tournament row."""
+        return (sum(len(row.ids) for rows in self.rows for row in rows)
+                + len(self.states) * self.tournament_rows * self.max_len)
+
+
+@dataclass
+class Played:
+    """A tournament played over one state: the game, its final row's logits and act, every row taken."""
+
+    tournament: Tournament
+    logits: np.ndarray
+    act: np.ndarray
+    rows: list[Row]
 
 
 class Model:
@@ -81,14 +110,33 @@ class Model:
     def head_max_len(self) -> int:
         return self.checkpoint.config.head_max_len
 
-    def prepare(self, states: Sequence[Any], questions: Mapping[str, Any]) -> Prepared:
-        """Validate and build every row; raises `QuestionError` before any inference."""
+    def prepare(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None) -> Prepared:
+        """Validate and build every row; raises `QuestionError` before any inference.
+
+        A choice whose option markers do not all fit in the model's row is answered by a tournament
+        (groups of 16, as upstream's `predict_tournament`); `tournament=G` asks for one on every choice
+        of more than G options. Every other question is answered in one row, exactly as upstream."""
+        if tournament is not None and (isinstance(tournament, bool) or not isinstance(tournament, int)
+                                       or not 2 <= tournament <= 255):
+            raise QuestionError(f"tournament must be a group size from 2 to 255, got {tournament!r}",
+                                error_type="invalid_tournament")
         parsed = parse_questions(questions)
         for state in states:
             check_state(state)
-        heads: dict[str, Head] = {q.qid: build_head(self.tokenizer, q, self.head_max_len) for q in parsed}
-        rows = [build_rows(self.tokenizer, s, parsed, self.max_len, self.head_max_len, heads) for s in states]
-        return Prepared(questions=parsed, rows=rows)
+        tok = self.tokenizer
+        heads: dict[str, Head] = {q.qid: build_head(tok, q, self.head_max_len) for q in parsed}
+        groups: dict[str, int] = {}
+        for q in parsed:
+            if q.qtype != "choice":
+                continue
+            if tournament is not None and q.n_options > tournament:
+                groups[q.qid] = tournament
+            elif q.n_options > DEFAULT_GROUP and any(m >= self.max_len for m in heads[q.qid].markers):
+                groups[q.qid] = DEFAULT_GROUP
+        plain = [q for q in parsed if q.qid not in groups]
+        tokens = [tokenize_state(tok, s) for s in states]
+        rows = [[build_row(tok, q, heads[q.qid], st, self.max_len) for q in plain] for st in tokens]
+        return Prepared(questions=parsed, rows=rows, tournaments=groups, states=tokens, max_len=self.max_len)
 
     def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None
             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -119,50 +167,113 @@ class Model:
                     acts[i] = out_act[j]
         return logits, acts
 
-    def respond(self, questions: list[Question], rows: list[Row], logits, acts) -> dict[str, Any]:
-        """The System One response of one state."""
+    def tempered(self, q: Question, z: np.ndarray) -> np.ndarray:
+        return decode.probabilities(z, self.temperatures.for_question(q.qtype, q.n_options))
+
+    def respond(self, questions: list[Question], rows: list[Row], logits, acts,
+                tournaments: Mapping[str, Played] | None = None) -> dict[str, Any]:
+        """The System One response of one state. `rows`/`logits`/`acts` are the one-row questions', in
+        order; `tournaments` holds each tournament question's game, final row and every row it took."""
         answers = {}
-        for q, z, a in zip(questions, logits, acts):
-            t = self.temperatures.for_question(q.qtype, q.n_options)
-            p = decode.probabilities(z, t)
-            extras = {"x_act_probability": decode.act_probability(a)}
+        one_row = iter(zip(logits, acts))
+        tournaments = tournaments or {}
+        rows_of = dict(zip([q.qid for q in questions if q.qid not in tournaments], [[r] for r in rows]))
+        for qid, game in tournaments.items():
+            rows_of[qid] = game.rows
+        every_row = [r for q in questions for r in rows_of[q.qid]]
+        for q in questions:
+            if q.qid in tournaments:
+                played, z, a = tournaments[q.qid].tournament, tournaments[q.qid].logits, tournaments[q.qid].act
+                final = self.tempered(played.finalists(), z)
+                p = played.shares(final)
+                extras = {"x_act_probability": decode.act_probability(a), "x_tournament": played.report(final)}
+            else:
+                z, a = next(one_row)
+                p = self.tempered(q, z)
+                extras = {"x_act_probability": decode.act_probability(a)}
             if self.abstention is not None:
                 extras |= self.abstention.extras(q.qtype, q.n_options, p)
             answers[q.qid] = decode.answer(q, p, extras)
         return {
             "model": self.name,
             "answers": answers,
-            "usage": {"input_tokens": int(sum(len(r.ids) for r in rows)), "output_tokens": 0},
+            "usage": {"input_tokens": int(sum(len(r.ids) for r in every_row)), "output_tokens": 0},
             "x_usage": {
-                "state_tokens": rows[0].state_tokens,
-                "state_tokens_kept": min(r.state_tokens_kept for r in rows),
-                "state_tokens_dropped": max(r.state_tokens_dropped for r in rows),
-                "truncated_questions": [q.qid for q, r in zip(questions, rows) if r.state_tokens_dropped],
-                "rows": len(rows),
+                "state_tokens": every_row[0].state_tokens,
+                "state_tokens_kept": min(r.state_tokens_kept for r in every_row),
+                "state_tokens_dropped": max(r.state_tokens_dropped for r in every_row),
+                "truncated_questions": [q.qid for q in questions
+                                        if any(r.state_tokens_dropped for r in rows_of[q.qid])],
+                "rows": len(every_row),
             },
         }
 
-    def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any],
+                      tournament: int | None = None) -> list[dict[str, Any]]:
         """The same questions over many states, sharing forward passes."""
         if isinstance(states, str | bytes | dict):
             raise QuestionError("predict_batch takes a list of states; use predict() for one state")
         states = list(states)
         if not states:
             return []
-        return self.answer([self.prepare(states, questions)])[0]
+        return self.answer([self.prepare(states, questions, tournament=tournament)])[0]
 
     def answer(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
-        """Responses of several prepared requests, their rows sharing forward passes."""
-        return self._per_state(jobs, lambda job, rows, z, a: self.respond(job.questions, rows, z, a))
+        """Responses of several prepared requests, their rows sharing forward passes (the rounds of
+        every tournament of every request too)."""
+        played = self._play(jobs)
+        return self._per_state(jobs, lambda job, rows, z, a, key: self.respond(job.questions, rows, z, a,
+                                                                                 played.get(key)))
+
+    def _play(self, jobs: list[Prepared]) -> dict[tuple[int, int], dict[str, Played]]:
+        """Every tournament of every (request, state), by qid. All rounds of all tournaments share
+        forward passes, round by round; a request cancelled meanwhile plays no further round."""
+        games = [(j, s, Tournament(q, job.tournaments[q.qid]))
+                 for j, job in enumerate(jobs) for s in range(len(job.states))
+                 for q in job.questions if q.qid in job.tournaments]
+        if not games:
+            return {}
+        tok = self.tokenizer
+        taken: dict[int, list[Row]] = {}
+
+        def row_of(question: Question, game) -> Row:
+            j, s, t = game
+            row = build_row(tok, question, build_head(tok, question, self.head_max_len), jobs[j].states[s],
+                            self.max_len)
+            taken.setdefault(id(t), []).append(row)
+            return row
+
+        def alive(games_now) -> list:
+            return [g for g in games_now if not jobs[g[0]].cancelled.is_set()]
+
+        pending = alive([g for g in games if not g[2].done])
+        while pending:
+            asked = [(g, q) for g in pending for q in g[2].next_round()]
+            logits, _ = self.run([row_of(q, g) for g, q in asked])
+            for g in pending:
+                g[2].record([self.tempered(q, z) for (h, q), z in zip(asked, logits) if h is g])
+            pending = alive([g for g in pending if not g[2].done])
+        live = alive(games)
+        logits, acts = self.run([row_of(g[2].finalists(), g) for g in live])
+        out: dict[tuple[int, int], dict[str, Played]] = {}
+        for (j, s, t), z, a in zip(live, logits, acts):
+            out.setdefault((j, s), {})[t.question.qid] = Played(t, z, a, taken[id(t)])
+        return out
 
     def evidence(self, jobs: list[Prepared]) -> list[list[list[Evidence]]]:
         """Per request, per state, per question: the untempered option logits and the act probability
         (what calibration fits on), the rows of all requests sharing forward passes."""
-        return self._per_state(jobs, lambda job, rows, z, a: [
+        for job in jobs:
+            if job.tournaments:
+                qid = next(iter(job.tournaments))
+                raise QuestionError(f"question {qid!r}: calibration reads every question in one row, and this "
+                                    "choice's options do not fit in the model's row", qid=qid)
+        return self._per_state(jobs, lambda job, rows, z, a, key: [
             Evidence.single(q.qtype, zi, decode.act_probability(ai)) for q, zi, ai in zip(job.questions, z, a)])
 
-    def _per_state(self, jobs: list[Prepared], make: Callable[[Prepared, list[Row], list, list], Any]) -> list[list]:
-        """Run every row of `jobs` together, then `make(job, rows, logits, acts)` once per state.
+    def _per_state(self, jobs: list[Prepared], make: Callable[..., Any]) -> list[list]:
+        """Run every row of `jobs` together, then `make(job, rows, logits, acts, (job, state) index)`
+        once per state.
 
         A job cancelled meanwhile (its caller went away) stops costing forward passes; it gets no
         answers (an empty list)."""
@@ -170,19 +281,20 @@ class Model:
         owner = [j for j, job in enumerate(jobs) for rows in job.rows for _ in rows]
         logits, acts = self.run(flat, alive=lambda i: not jobs[owner[i]].cancelled.is_set())
         out, at = [], 0
-        for job in jobs:
+        for j, job in enumerate(jobs):
             per_state = []
-            for rows in job.rows:
+            for s, rows in enumerate(job.rows):
                 n = len(rows)
                 if not job.cancelled.is_set():
-                    per_state.append(make(job, rows, logits[at : at + n], acts[at : at + n]))
+                    per_state.append(make(job, rows, logits[at : at + n], acts[at : at + n], (j, s)))
                 at += n
             out.append(per_state)
         return out
 
-    def predict(self, state: Any, questions: Mapping[str, Any]) -> dict[str, Any]:
-        """One state, many questions: `{"model", "answers", "usage", "x_usage"}`."""
-        return self.predict_batch([state], questions)[0]
+    def predict(self, state: Any, questions: Mapping[str, Any], tournament: int | None = None) -> dict[str, Any]:
+        """One state, many questions: `{"model", "answers", "usage", "x_usage"}`. `tournament=G`
+        answers every choice of more than G options by elimination in groups of G."""
+        return self.predict_batch([state], questions, tournament=tournament)[0]
 
     def info(self) -> dict[str, Any]:
         ck = self.checkpoint

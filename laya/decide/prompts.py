@@ -3,8 +3,10 @@
 The state is the prefix (prefilled once per request, kept for the next), each question a suffix.
 Two readouts for a choice:
 
-- `names`: the options are listed by name and each is scored by its name's first token (the
-  allowed values themselves). Used when those first tokens are all different.
+- `names`: the options are listed by name and each is scored by its name's tokens (the allowed values
+  themselves): by the first token where that tells them apart, and level by level through a
+  collision tree where names share beginnings (`policy.collision_tree`). Used unless two names are
+  the very same tokens.
 - `letters`: lettered options `A) name: description`, scored by single-token letters (at most 26).
 
 Small chat models read letters by position more than by meaning: on SmolLM2-135M the letter
@@ -58,9 +60,9 @@ def prefix_for(state: object) -> str:
 def check_fits(question: Question, names_usable: bool = False) -> None:
     if question.qtype == "choice" and question.n_options > MAX_LETTERED and not names_usable:
         raise QuestionError(
-            f"question {question.qid!r}: its {question.n_options} options cannot be told apart by first-token "
-            f"scoring: their names share first tokens and the lettered readout holds at most {MAX_LETTERED}",
-            qid=question.qid, error_type="too_many_options")
+            f"question {question.qid!r}: two of its {question.n_options} option names are the same tokens, so "
+            f"they cannot be told apart, and the lettered readout holds at most {MAX_LETTERED}; make the names "
+            "differ", qid=question.qid, error_type="identical_options")
 
 
 def choice_by_names(question: Question, style: LabelStyle) -> Readout:

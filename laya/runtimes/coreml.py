@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from laya.bundle import is_bundle, read_manifest
+from laya.bundle import bundle_to_run, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError, RuntimeUnavailable
@@ -139,12 +139,7 @@ class CoremlRuntime:
                                       "load the checkpoint (not a bundle) with laya.load(..., runtime='coreml')")
             self.programs, self.precision, self.manifest, self.folder = programs, "fp32", {}, checkpoint.path
             return
-        folder = checkpoint.path if is_bundle(checkpoint.path) else bundle
-        if folder is None:
-            raise CheckpointError(f"{checkpoint.path}: the Core ML runtime runs an exported bundle; load the "
-                                  "checkpoint with laya.load(..., runtime='coreml') (which converts one on first "
-                                  "use) or convert it with `laya export coreml`")
-        folder = Path(folder)
+        folder = bundle_to_run(checkpoint, bundle, "coreml")
         manifest = read_manifest(folder)
         if manifest.get("kind") != "coreml":
             raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not a Core ML one")

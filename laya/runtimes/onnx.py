@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from laya.bundle import is_bundle, read_manifest
+from laya.bundle import bundle_to_run, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError
@@ -53,12 +53,7 @@ class OnnxRuntime:
     def __init__(self, checkpoint: Checkpoint, precision: str = "fp32", threads: int | None = None,
                  force: bool = False, bundle: str | Path | None = None):
         check_precision(precision)
-        folder = checkpoint.path if is_bundle(checkpoint.path) else bundle
-        if folder is None:
-            raise CheckpointError(f"{checkpoint.path}: the ONNX runtime runs an exported bundle; load the "
-                                  "checkpoint with laya.load(..., runtime='onnx') (which exports one on first use) "
-                                  "or export it with `laya export onnx`")
-        folder = Path(folder)
+        folder = bundle_to_run(checkpoint, bundle, "onnx")
         manifest = read_manifest(folder)
         if manifest.get("kind") != "onnx":
             raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not an ONNX one")

@@ -1,12 +1,14 @@
-"""The door: how many decision requests are inside the server at once, checked before a body is read.
+"""The door: which decision requests get in, decided before a body is read.
 
 Under a flood of impatient clients the refusals themselves become the load: every 429 costs HTTP
-parsing, middleware and logging, under the same interpreter as the batcher. So a request over the
-concurrency limit (`--max-concurrency`) is refused at the door with the cheapest correct answer: a
-precomputed 429 with `Retry-After` (from the queue's measured drain rate), no body read, no JSON,
-no access-log line of its own (one aggregated line per second says how many were shed). The refusal
-is held for `hold_s` before it is sent (never longer than the `Retry-After` it announces): a client
-that retries at once without backing off then costs the server a sleeping coroutine, not a spin.
+parsing, middleware and logging, under the same interpreter as the batcher. So a request is refused
+at the door when the server already holds `--max-concurrency` requests, or when the work queued
+would take longer than `--max-queue-ms` to drain at the measured rate (so the requests let in are
+answered within that budget rather than all of them late). The refusal is the cheapest correct
+answer: a 429 with `Retry-After` (the queue's drain time), no body read, no JSON, no access-log line
+of its own (one aggregated line per second says how many were shed). It is held up to `hold_s`
+(never longer than the `Retry-After` it announces) before it is sent: a client that retries at once
+without backing off then costs the server a sleeping coroutine, not a spin.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch"})
 
 
 class Admission:
-    def __init__(self, limit: int, retry_after: Callable[[], int], hold_s: float = 0.25):
+    def __init__(self, limit: int, retry_after: Callable[[], int], hold_s: float = 1.0,
+                 rows_per_s: Callable[[], float | None] = lambda: None, max_queue_s: float = float("inf")):
         self.limit = limit
         self.inside = 0
         self.retry_after = retry_after
+        self.rows_per_s = rows_per_s
+        self.max_queue_s = max_queue_s
+        self.rows_per_request = 1.0  # running mean of the rows a request brings (updated at admission)
         self.hold_s = hold_s
         self.shed_total = 0
         self._shed_since_log = 0
@@ -34,8 +40,18 @@ class Admission:
         self._ids = itertools.count()
         self._prefix = f"shed-{os.getpid()}-"
 
+    def queued_s(self) -> float:
+        """Seconds the requests inside take to drain at the measured rate. Counted from the requests
+        inside the door, not the rows already queued: requests that arrive together are all inside
+        before any of them has been parsed."""
+        rate = self.rows_per_s()
+        return self.inside * self.rows_per_request / rate if rate else 0.0
+
+    def note_rows(self, rows: int) -> None:
+        self.rows_per_request += 0.05 * (rows - self.rows_per_request)
+
     def try_enter(self) -> bool:
-        if self.inside >= self.limit:
+        if self.inside >= self.limit or (self.inside and self.queued_s() > self.max_queue_s):
             return False
         self.inside += 1
         return True
@@ -55,8 +71,8 @@ class Admission:
         wait = self.retry_after()
         if self.hold_s > 0:
             await asyncio.sleep(min(self.hold_s, wait))
-        body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is at its limit of %d '
-                b'requests at once; retry after %d s"}}' % (self.limit, wait))
+        body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is at its limit (%d '
+                b'requests at once, or its queue budget); retry after %d s"}}' % (self.limit, wait))
         rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"), (b"retry-after", b"%d" % wait),

@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -46,7 +47,10 @@ class ServerConfig:
     max_batch_rows: int = 64
     max_pending_rows: int = 512  # rows waiting or running per model before 429
     max_concurrency: int = 64  # decision requests inside the server at once; more are shed at the door
-    shed_hold_ms: float = 250.0  # how long a shed 429 is held before it is sent (at most its Retry-After)
+    max_queue_ms: float = 500.0  # shed at the door while the queued work takes longer than this to drain
+    shed_hold_ms: float = 1000.0  # how long a shed 429 is held before it is sent (at most its Retry-After)
+    # With engines in processes of their own: the HTTP loop yields the CPU to them under contention.
+    http_nice: int = 0
     retry_after_s: int = 1
     limits: Limits = field(default_factory=Limits)
     # With no API key on a loopback bind, only loopback Host names are served (no DNS rebinding).
@@ -187,6 +191,11 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             loop.call_soon_threadsafe(_activate, engines)
 
         def _activate(engines: list[Any]) -> None:
+            if config.http_nice:  # this thread (the event loop) and the threads it starts from now on
+                try:
+                    os.nice(config.http_nice)
+                except OSError as exc:
+                    log.warning("could not lower the HTTP loop's CPU priority: %s", exc)
             for engine in engines:
                 batcher = MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
                                        max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
@@ -212,7 +221,13 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         """Seconds until the work queued now has drained, at the measured rate (the slowest model)."""
         return max((b.retry_after() for b in served.batchers.values()), default=config.retry_after_s)
 
-    admission = Admission(config.max_concurrency, retry_after, hold_s=config.shed_hold_ms / 1000.0)
+    def rows_per_s() -> float | None:
+        """The slowest served model's measured drain rate."""
+        rates = [b.drain.rows_per_s for b in served.batchers.values() if b.drain.rows_per_s]
+        return min(rates) if rates else None
+
+    admission = Admission(config.max_concurrency, retry_after, hold_s=config.shed_hold_ms / 1000.0,
+                          rows_per_s=rows_per_s, max_queue_s=config.max_queue_ms / 1000.0)
     app.state.admission = admission
     app.add_middleware(RequestContext, metrics=metrics, config=config, admission=admission)
 
@@ -264,6 +279,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
     async def answer(request: Request, name: str, states: list[Any], questions: dict, **options: Any) -> list[dict]:
         engine, batcher = served.engines[name], served.batchers[name]
         rows = len(states) * len(questions)
+        admission.note_rows(rows)
         try:  # admission in rows, before tokenising: under overload a 429 must cost next to nothing
             batcher.reserve(rows)
         except Overloaded as exc:
@@ -277,7 +293,9 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             batcher.release(rows)
             raise
         request.state.log.update(model=name, questions=len(questions), states=len(states))
-        task = asyncio.ensure_future(batcher.submit(job, rows))
+        work = engine.rows(job)  # a tournament takes more rows than states x questions
+        batcher.pending_rows += work - rows
+        task = asyncio.ensure_future(batcher.submit(job, work))
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.05)
             if done:
@@ -309,7 +327,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         check_auth(request)
         req = await read_json(request)
         name = resolve(req.model)
-        (result,) = await answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix)
+        (result,) = await answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix,
+                                 tournament=req.tournament)
         return JSONResponse(result)
 
     @app.post("/v1/systemone/batch", openapi_extra={"requestBody": {"required": True, "content": {
@@ -319,7 +338,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         check_auth(request)
         req = await read_json(request, batch=True)
         name = resolve(req.model)
-        results = await answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix)
+        results = await answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix,
+                               tournament=req.tournament)
         total = sum(r["usage"]["input_tokens"] for r in results)
         return JSONResponse({"model": name, "results": results,
                              "total_usage": {"input_tokens": total, "output_tokens": 0}})

@@ -108,6 +108,7 @@ class MicroBatcher:
         """Seconds until the work waiting now has drained, at the measured rate."""
         return self.drain.seconds_for(self.pending_rows)
 
+
     def reserve(self, rows: int) -> None:
         """Admit a request of `rows` rows, or refuse it (`Overloaded`) when the queue holds too much."""
         if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:

