@@ -154,7 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
                            calibration=calibration_args(args.calibration, args.model), server=config,
-                           engine_process=not args.single_process)
+                           engine_process=not args.single_process, compact=args.compact)
     if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
@@ -380,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
     srv.add_argument("--max-pending-rows", type=int, default=512,
                      help="rows waiting or running per model before new requests get 429 (default 512)")
+    srv.add_argument("--compact", action="store_true",
+                     help="Core ML: shorten rows longer than the largest Neural Engine bucket to fit it (option "
+                          "descriptions first, then the state), reported in x_usage.compacted; off by default")
     srv.add_argument("--single-process", action="store_true",
                      help="run the models inside the HTTP process (by default each model runs in a process of "
                           "its own, so a flood of requests cannot take the interpreter or the CPU from inference)")

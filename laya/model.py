@@ -19,7 +19,7 @@ from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import collate, padded_length
-from laya.encoder.rows import Head, Row, StateTokens, build_head, build_row, tokenize_state
+from laya.encoder.rows import Head, Row, StateTokens, build_head, build_row, compact_row, tokenize_state
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
@@ -135,7 +135,8 @@ class Model:
                 groups[q.qid] = DEFAULT_GROUP
         plain = [q for q in parsed if q.qid not in groups]
         tokens = [tokenize_state(tok, s) for s in states]
-        rows = [[build_row(tok, q, heads[q.qid], st, self.max_len) for q in plain] for st in tokens]
+        rows = [[self._compacted(q, st, build_row(tok, q, heads[q.qid], st, self.max_len)) for q in plain]
+                for st in tokens]
         return Prepared(questions=parsed, rows=rows, tournaments=groups, states=tokens, max_len=self.max_len)
 
     def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None
@@ -166,6 +167,14 @@ class Model:
                     logits[i] = out_logits[j, : len(rows[i].markers)]
                     acts[i] = out_act[j]
         return logits, acts
+
+    def _compacted(self, q: Question, state: StateTokens, row: Row) -> Row:
+        """Compact mode (a runtime option, e.g. Core ML's `compact=True`): a row longer than the runtime's
+        compact length is shortened to fit it, when its options fit the runtime's slots."""
+        length = getattr(self.runtime, "compact_length", None)
+        if not length or q.n_options > getattr(self.runtime, "compact_slots", q.n_options):
+            return row
+        return compact_row(self.tokenizer, q, state, length, self.head_max_len, row)
 
     def tempered(self, q: Question, z: np.ndarray) -> np.ndarray:
         return decode.probabilities(z, self.temperatures.for_question(q.qtype, q.n_options))
@@ -205,6 +214,9 @@ class Model:
                 "truncated_questions": [q.qid for q in questions
                                         if any(r.state_tokens_dropped for r in rows_of[q.qid])],
                 "rows": len(every_row),
+                **({"compacted": {q.qid: dict(rows_of[q.qid][0].compacted) for q in questions
+                                  if rows_of[q.qid][0].compacted}}
+                   if any(r.compacted for r in every_row) else {}),
             },
         }
 

@@ -155,3 +155,28 @@ def test_the_evaluator_covers_exactly_what_the_bundles_use(bundle, fp32_general)
     for path in [*bundle.glob("*.mlpackage"), fp32_general]:
         used |= mil.Program(path).operation_types
     assert used - {"const"} == set(mil.OPS)
+
+
+def test_compact_mode_is_opt_in_reported_and_fits_rows_to_the_neural_engine():
+    """Off by default (a long row goes to the general program, exact); with compact=True it is
+    shortened to the largest bucket, descriptions first, then the state, and x_usage says what went."""
+    source = GOLDEN / "checkpoints" / "modernbert"  # buckets 64, 96, 128 in a 256-token row
+    exact = load_quiet(source, "coreml", executor="torch")
+    compact = load_quiet(source, "coreml", executor="torch", compact=True)
+    assert exact.runtime.compact_length is None and compact.runtime.compact_length == 128
+    long_state = "the customer was charged twice and wants the money back today " * 12
+    route = {"type": "choice", "instructions": "Which team?",
+             "criteria": {"billing": "payments, refunds and invoices " * 3, "sales": "plans and prices " * 3}}
+    questions = {"t": route, "u": {"type": "noul", "instructions": "Urgent?"}}
+    plain = exact.predict(long_state, questions)
+    assert exact.runtime.routed == {"ane": 0, "general": 2} and "compacted" not in plain["x_usage"]
+    short = compact.predict(long_state, questions)
+    assert compact.runtime.routed == {"ane": 2, "general": 0}
+    dropped = short["x_usage"]["compacted"]
+    assert dropped["t"]["option_descriptions"] == 2 and dropped["t"]["state_tokens"] > 0
+    assert "option_descriptions" not in dropped["u"] and dropped["u"]["state_tokens"] > 0
+    assert set(short["answers"]["t"]["probabilities"]) == {"billing", "sales"}
+    # a row that fits is not touched
+    fits = compact.predict("short", {"u": {"type": "noul", "instructions": "Urgent?"}})
+    assert "compacted" not in fits["x_usage"]
+    assert fits["answers"] == exact.predict("short", {"u": {"type": "noul", "instructions": "Urgent?"}})["answers"]

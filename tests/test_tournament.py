@@ -117,3 +117,19 @@ def test_over_http_255_options_and_the_tournament_option(wide):
         bad = httpx.post(live.url + "/v1/systemone", json={"state": "refund", "questions": {"q": choice(3)},
                                                            "tournament": 1})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "tournament"]
+
+
+@pytest.mark.slow
+def test_the_mmbert_base_shape_answers_255_options(tmp_path_factory):
+    """The checkpoint shape the issue was measured on: 22 layers, d 768, a 256k-row vocabulary, 1,024-token
+    rows, where a 255-option choice's markers do not fit one row."""
+    spec = testgen.TestCheckpointSpec(flavour="mmbert", hidden_size=768, num_layers=22, num_heads=12,
+                                      intermediate_size=1152, local_attention=128, max_len=1024, head_max_len=256,
+                                      vocab_size=256000, seed=3)
+    model = load_quiet(testgen.write_test_checkpoint(tmp_path_factory.mktemp("ck") / "mmbert-base", spec))
+    question = choice(255)
+    answer = model.predict("a parcel never arrived and the customer wants a refund", {"q": question})["answers"]["q"]
+    assert list(answer["probabilities"]) == list(question["criteria"])
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert answer["choice"] == max(answer["probabilities"], key=answer["probabilities"].get)
+    assert answer["x_tournament"]["groups"] == [16]

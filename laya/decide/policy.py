@@ -120,7 +120,8 @@ def collision_tree(backend: DecideBackend, seqs: list[tuple[int, ...]], root: np
         if depth > max_levels or not (may_win or passes < budget):
             logp[group] = score - np.log(len(group))
             continue
-        backend.load_state(prompt_state)
+        if passes:  # the first expansion starts from the prompt the backend already holds
+            backend.load_state(prompt_state)
         backend.prefill(list(path))
         passes += 1
         levels = max(levels, depth + 1)

@@ -8,7 +8,7 @@ a request tokenises its state once and each question's head once, then joins the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from laya.encoder.tokenizer import Tokenizer
 from laya.errors import QuestionError
@@ -48,6 +48,7 @@ class Row:
     state_tokens: int
     state_tokens_kept: int
     head_tokens: int
+    compacted: tuple[tuple[str, int], ...] = ()  # what compact mode dropped: (what, how many), never silent
 
     @property
     def state_tokens_dropped(self) -> int:
@@ -124,3 +125,27 @@ def build_rows(
         head = heads[question.qid] if heads is not None else build_head(tok, question, head_max_len)
         rows.append(build_row(tok, question, head, state_tokens, max_len))
     return rows
+
+
+def compact_row(tok: Tokenizer, question: Question, state: StateTokens, length: int, head_max_len: int,
+                row: Row) -> Row:
+    """`row` shortened to at most `length` tokens (compact prompts for fixed-shape programs), or `row`
+    itself when it fits or cannot be made to: option descriptions go first (a choice is then read by
+    its option names), then the state, by the checkpoint's own truncation rule (the start of text and
+    objects is kept, the newest end of a conversation). What was dropped is recorded on the row."""
+    if len(row.ids) <= length:
+        return row
+    dropped: list[tuple[str, int]] = []
+    head = build_head(tok, question, head_max_len)
+    if question.qtype == "choice" and any(d is not None for d in question.descriptions):
+        bare = replace(question, options=question.names, descriptions=(None,) * question.n_options)
+        head = build_head(tok, bare, head_max_len)
+        dropped.append(("option_descriptions", sum(d is not None for d in question.descriptions)))
+        question = bare
+    if len(head.ids) + 1 > length:  # even the question half does not fit: the exact row stays
+        return row
+    short = build_row(tok, question, head, state, length)
+    lost = short.state_tokens_dropped - row.state_tokens_dropped
+    if lost:
+        dropped.append(("state_tokens", lost))
+    return replace(short, compacted=tuple(dropped))

@@ -128,8 +128,9 @@ class CoremlRuntime:
 
     def __init__(self, checkpoint: Checkpoint, compute_units: str = "cpu_and_gpu", executor: str = "coreml",
                  ane: bool = True, precision: str = "fp16", bundle: str | os.PathLike | None = None,
-                 programs: Programs | None = None):
+                 programs: Programs | None = None, compact: bool = False):
         check_options(executor, compute_units)
+        self.compact = compact
         self.executor, self.compute_units = executor, compute_units
         self.routed = {"ane": 0, "general": 0}  # rows sent to each kind of program
         self.pad_id = checkpoint.tokenizer.pad_id
@@ -170,6 +171,16 @@ class CoremlRuntime:
 
         model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS.get(units, units)))
         return lambda feeds: {k: np.asarray(v) for k, v in model.predict(feeds).items()}
+
+    @property
+    def compact_length(self) -> int | None:
+        """Compact mode (opt-in): rows are shortened to the largest Neural Engine bucket (see
+        `laya.encoder.rows.compact_row`), so compact prompts run there instead of the general program."""
+        return max(self.programs.buckets) if self.compact and self.programs.buckets else None
+
+    @property
+    def compact_slots(self) -> int:
+        return self.programs.slots
 
     # running
     def bucket_for(self, n_tokens: int, n_markers: int) -> int | None:

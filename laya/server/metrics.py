@@ -80,6 +80,6 @@ class Metrics:
             lines += self.batch_jobs.lines("laya_batch_jobs")
             lines += ["# HELP laya_batch_rows Rows per forward batch.", "# TYPE laya_batch_rows histogram"]
             lines += self.batch_rows.lines("laya_batch_rows")
-            lines += ["# HELP laya_queue_depth Requests waiting per model.", "# TYPE laya_queue_depth gauge"]
+            lines += ["# HELP laya_queue_depth Rows waiting or running per model.", "# TYPE laya_queue_depth gauge"]
             lines += [f'laya_queue_depth{{model="{m}"}} {depth()}' for m, depth in sorted(self.queue_depth.items())]
         return "\n".join(lines) + "\n"

@@ -52,6 +52,7 @@ class ServeOptions:
     calibration: dict[str, str] = field(default_factory=dict)
     server: ServerConfig = field(default_factory=ServerConfig)
     engine_process: bool = True  # each model in a process of its own (laya.server.remote)
+    compact: bool = False  # Core ML: shorten long rows to the largest Neural Engine bucket (reported)
 
 
 def smollm2_gguf() -> Path | None:
@@ -83,7 +84,9 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
     from laya.engines import EncoderEngine
     from laya.models.registry import lookup
 
-    runtime_options = {"threads": options.threads} if options.threads else {}
+    runtime_options: dict[str, Any] = {"threads": options.threads} if options.threads else {}
+    if options.compact:
+        runtime_options["compact"] = True
     model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only,
                       calibration=calibration, **runtime_options)
     entry = lookup(spec.source)
@@ -151,7 +154,7 @@ def app_from_env():
     options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
                            threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
                            calibration=raw["calibration"], server=ServerConfig(**raw["server"]),
-                           engine_process=raw["engine_process"])
+                           engine_process=raw["engine_process"], compact=raw["compact"])
     app = None
 
     def stop_everything() -> None:
@@ -185,7 +188,7 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
                 json.dump({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
                            "threads": options.threads, "n_ctx": options.n_ctx, "prefix_cache": options.prefix_cache,
                            "calibration": options.calibration, "server": asdict(options.server),
-                           "engine_process": options.engine_process}, handle)
+                           "engine_process": options.engine_process, "compact": options.compact}, handle)
             os.environ[CONFIG_ENV] = str(path)
             uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                         log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
