@@ -168,12 +168,13 @@ def test_bad_json_and_non_object(server):
     assert httpx.post(server.url + "/v1/systemone", content=b"\xff\xfe").status_code == 422
 
 
-def test_markers_that_do_not_fit_are_refused(server):
+def test_markers_that_do_not_fit_are_answered_by_a_tournament(server):
     options = {f"option number {i} with a rather long name": f"description {i}" for i in range(120)}
     r = post(server, {"state": "x", "questions": {"big": {"type": "choice", "instructions": "x", "criteria": options}}})
-    assert r.status_code == 422
-    assert "option markers fit" in r.json()["detail"][0]["msg"]
-    assert r.json()["detail"][0]["loc"] == ["body", "questions", "big"]
+    assert r.status_code == 200, r.text
+    answer = r.json()["answers"]["big"]
+    assert list(answer["probabilities"]) == list(options) and answer["x_tournament"]["groups"] == [8]
+    assert abs(sum(answer["probabilities"].values()) - 1) < 1e-9
 
 
 def test_unknown_model_is_404(server):
