@@ -7,7 +7,7 @@ the interpreter away from inference. Jobs stay in the engine process; the HTTP s
 
 Messages over one duplex pipe, each `(kind, id, payload)`: `prepare` -> a job token and its rows,
 `execute` -> the results, `cancel` (no reply) -> the job's cancelled event is set where it runs
-(so an abandoned request stops between forward passes there too), `describe`. The engine process
+(so an abandoned request stops between forward passes there too). The engine process
 reads the pipe on a thread of its own, prepares on another and executes on its main thread.
 """
 
@@ -196,8 +196,6 @@ def _serve_engine(conn, load) -> None:
                         jobs.pop(token, None)
                     running.clear()
                 reply("ok", rid, [done.get(token, []) for token in payload])
-            elif kind == "describe":
-                reply("ok", rid, engine.describe())
         except Exception as exc:  # noqa: BLE001
             reply("err", rid, exc if _picklable(exc) else RemoteFailure(f"{type(exc).__name__}: {exc}"))
 
