@@ -13,6 +13,7 @@ from typing import Any
 from laya.errors import QuestionError
 from laya.limits import LimitExceeded, Limits
 from laya.questions import Problem, check_questions, state_problem
+from laya.tournament import group_problem
 
 MAX_TOKENS_ALL = 65536  # the state plus every question
 MAX_TOKENS_ONE = 32768  # the state plus the longest question
@@ -100,10 +101,8 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
     if reuse is not None and not isinstance(reuse, bool):
         problems.append(Problem(("reuse_prefix",), "Input should be a valid boolean", "bool_type"))
     tournament = body.get("tournament")
-    if tournament is not None and (isinstance(tournament, bool) or not isinstance(tournament, int)
-                                   or not 2 <= tournament <= 255):
-        problems.append(Problem(("tournament",), "Input should be a group size from 2 to 255 (or null)",
-                                "int_type"))
+    if (message := group_problem(tournament)) is not None:
+        problems.append(Problem(("tournament",), message, "int_type"))
     if problems:
         raise ApiError(422, render_problems(problems))
     return SystemOneRequest(model=model, state=state, questions=body["questions"], reuse_prefix=reuse is not False,

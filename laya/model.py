@@ -24,7 +24,7 @@ from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
 from laya.runtimes.base import Runtime
-from laya.tournament import DEFAULT_GROUP, Tournament
+from laya.tournament import DEFAULT_GROUP, Tournament, group_problem
 
 DEFAULT_MAX_BATCH_ROWS = 32
 
@@ -116,10 +116,8 @@ class Model:
         A choice whose option markers do not all fit in the model's row is answered by a tournament
         (groups of 16, as upstream's `predict_tournament`); `tournament=G` asks for one on every choice
         of more than G options. Every other question is answered in one row, exactly as upstream."""
-        if tournament is not None and (isinstance(tournament, bool) or not isinstance(tournament, int)
-                                       or not 2 <= tournament <= 255):
-            raise QuestionError(f"tournament must be a group size from 2 to 255, got {tournament!r}",
-                                error_type="invalid_tournament")
+        if (message := group_problem(tournament)) is not None:
+            raise QuestionError(message, error_type="invalid_tournament")
         parsed = parse_questions(questions)
         for state in states:
             check_state(state)
@@ -153,8 +151,6 @@ class Model:
         logits: list[np.ndarray] = [np.empty(0)] * len(rows)
         acts: list[np.ndarray] = [np.empty(0)] * len(rows)
         for length, members in sorted(groups.items()):
-            if alive is not None:
-                members = [i for i in members if alive(i)]
             for start in range(0, len(members), self.max_batch_rows):
                 chunk = members[start : start + self.max_batch_rows]
                 if alive is not None:
@@ -247,11 +243,14 @@ class Model:
             return {}
         tok = self.tokenizer
         taken: dict[int, list[Row]] = {}
+        heads: dict[tuple[int, str, tuple[str, ...]], Head] = {}  # a group's head serves every state
 
         def row_of(question: Question, game) -> Row:
             j, s, t = game
-            row = build_row(tok, question, build_head(tok, question, self.head_max_len), jobs[j].states[s],
-                            self.max_len)
+            key = (j, question.qid, question.keys)
+            if key not in heads:
+                heads[key] = build_head(tok, question, self.head_max_len)
+            row = build_row(tok, question, heads[key], jobs[j].states[s], self.max_len)
             taken.setdefault(id(t), []).append(row)
             return row
 

@@ -26,6 +26,13 @@ from laya.questions import Question
 DEFAULT_GROUP = 16
 
 
+def group_problem(value: object) -> str | None:
+    """Why `value` is not a tournament group size (an integer from 2 to 255), or None."""
+    if value is None or (not isinstance(value, bool) and isinstance(value, int) and 2 <= value <= 255):
+        return None
+    return f"tournament must be a group size from 2 to 255, got {str(value)[:40]!r}"
+
+
 def groups_of(indices: list[int], group: int) -> list[list[int]]:
     """`indices` cut in order into ceil(n / group) near-equal groups (upstream's cut)."""
     n = len(indices)

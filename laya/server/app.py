@@ -294,7 +294,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             raise
         request.state.log.update(model=name, questions=len(questions), states=len(states))
         work = engine.rows(job)  # a tournament takes more rows than states x questions
-        batcher.pending_rows += work - rows
+        batcher.resize(rows, work)
         task = asyncio.ensure_future(batcher.submit(job, work))
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.05)

@@ -120,6 +120,10 @@ class MicroBatcher:
         """Give back a reservation whose job will not run (refused while it was prepared)."""
         self.pending_rows -= rows
 
+    def resize(self, reserved: int, rows: int) -> None:
+        """A prepared job takes `rows` where `reserved` were counted at admission (a tournament takes more)."""
+        self.pending_rows += rows - reserved
+
     async def submit(self, job: Any, rows: int) -> tuple[list[dict], Timing]:
         """Run a job whose `rows` were reserved; the reservation is released when it is done."""
         if self._queue is None:

@@ -138,7 +138,7 @@ def _serve_engine(conn, load) -> None:
         engine = load()
         engine.warmup()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails with it
-        conn.send(("failed", 0, exc if isinstance(exc, LayaError) else RemoteFailure(f"{type(exc).__name__}: {exc}")))
+        conn.send(("failed", 0, exc if isinstance(exc, LayaError) else _portable(exc)))
         return
     conn.send(("ready", 0, (engine.name, engine.description, getattr(engine, "release_date", ""),
                             engine.describe())))
@@ -158,7 +158,7 @@ def _serve_engine(conn, load) -> None:
         try:
             job = engine.prepare(states, questions, limits=limits, **options)
         except Exception as exc:  # noqa: BLE001 - a refusal travels back as it is
-            reply("err", rid, exc)
+            reply("err", rid, _portable(exc))
             return
         token = next(tokens)
         jobs[token] = job
@@ -179,32 +179,33 @@ def _serve_engine(conn, load) -> None:
                         jobs.pop(payload, None)
             elif kind == "prepare":
                 preparer.submit(prepare, rid, payload)
-            else:
-                work.put((kind, rid, payload))
+            else:  # execute
+                work.put((rid, payload))
 
     threading.Thread(target=read, name="laya-engine-read", daemon=True).start()
     while (item := work.get()) is not None:
-        kind, rid, payload = item
+        rid, batch = item
+        running.update(batch)
+        present = [token for token in batch if token in jobs]
         try:
-            if kind == "execute":
-                running.update(payload)
-                present = [token for token in payload if token in jobs]
-                try:
-                    done = dict(zip(present, engine.execute([jobs[token] for token in present])))
-                finally:
-                    for token in payload:
-                        jobs.pop(token, None)
-                    running.clear()
-                reply("ok", rid, [done.get(token, []) for token in payload])
+            done = dict(zip(present, engine.execute([jobs[token] for token in present])))
         except Exception as exc:  # noqa: BLE001
-            reply("err", rid, exc if _picklable(exc) else RemoteFailure(f"{type(exc).__name__}: {exc}"))
+            reply("err", rid, _portable(exc))
+            continue
+        finally:
+            for token in batch:
+                jobs.pop(token, None)
+            running.clear()
+        reply("ok", rid, [done.get(token, []) for token in batch])
 
 
-def _picklable(exc: BaseException) -> bool:
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` itself when it survives pickling (a refusal keeps its type and fields), else a
+    RemoteFailure naming it: an exception the pipe cannot carry must not leave the caller waiting."""
     import pickle
 
     try:
         pickle.loads(pickle.dumps(exc))
-        return True
+        return exc
     except Exception:  # noqa: BLE001
-        return False
+        return RemoteFailure(f"{type(exc).__name__}: {exc}")

@@ -151,10 +151,8 @@ def app_from_env():
     error there and stops the whole server, as one process does."""
     path = Path(os.environ[CONFIG_ENV])
     raw = json.loads(path.read_text(encoding="utf-8"))
-    options = ServeOptions(models=[ModelSpec(**m) for m in raw["models"]], runtime=raw["runtime"],
-                           threads=raw["threads"], n_ctx=raw["n_ctx"], prefix_cache=raw["prefix_cache"],
-                           calibration=raw["calibration"], server=ServerConfig(**raw["server"]),
-                           engine_process=raw["engine_process"], compact=raw["compact"])
+    options = ServeOptions(**{**raw, "models": [ModelSpec(**m) for m in raw["models"]],
+                              "server": ServerConfig(**raw["server"])})
     app = None
 
     def stop_everything() -> None:
@@ -185,10 +183,7 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
             path = Path(private) / "options.json"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"models": [asdict(m) for m in options.models], "runtime": options.runtime,
-                           "threads": options.threads, "n_ctx": options.n_ctx, "prefix_cache": options.prefix_cache,
-                           "calibration": options.calibration, "server": asdict(options.server),
-                           "engine_process": options.engine_process, "compact": options.compact}, handle)
+                json.dump(asdict(options), handle)
             os.environ[CONFIG_ENV] = str(path)
             uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
                         log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
