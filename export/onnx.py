@@ -12,12 +12,9 @@ import hashlib
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from laya.checkpoint import Checkpoint
 
@@ -83,81 +80,18 @@ def _strip_stack_traces(path: Path) -> None:
     onnx.save(graph, str(path))
 
 
-# The int8 gate: measured on fixed decision rows against the fp32 graph, recorded in the manifest.
-INT8_MAX_DP = 0.05  # largest change of any answer probability
-INT8_MIN_AGREEMENT = 0.95  # share of rows with the same top answer
-INT8_MAX_BATCH_DP = 0.01  # largest change between a row alone and the same row in a full batch
-
-
-def gate_batches(checkpoint: Checkpoint):
-    """Fixed, varied decision rows: every type, 2 to 12 options, short to long states."""
-    import random
-
-    from laya.encoder.rows import build_rows
-    from laya.questions import parse_questions
-
-    rng = random.Random(1234)
-    words = ["refund", "invoice", "order", "late", "angry", "happy", "billing", "shipping", "login", "password",
-             "cancel", "upgrade", "thanks", "broken", "urgent", "price"]
-    rows = []
-    for i in range(8):
-        state = " ".join(rng.choice(words) for _ in range(rng.randint(3, 150)))
-        labels = rng.sample(words, 2 + i % 11)
-        questions = parse_questions({
-            "c": {"type": "choice", "instructions": " ".join(rng.sample(words, 5)),
-                  "criteria": {w: " ".join(rng.sample(words, 3)) for w in labels}},
-            "s": {"type": "score", "instructions": "how much", "criteria": rng.sample(words, 2 + i % 9)},
-            "n": {"type": "noul", "instructions": " ".join(rng.sample(words, 4))},
-        })
-        rows += [(q, r) for q, r in zip(questions, build_rows(checkpoint.tokenizer, state, questions,
-                                                              checkpoint.config.max_len,
-                                                              checkpoint.config.head_max_len))]
-    return rows
-
-
 def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> dict[str, Any]:
-    """int8 against fp32 on fixed rows, both run the way the runtime runs them.
+    """int8 against fp32 on the gate's fixed rows (`laya.gate`), both run the way the runtime runs them.
 
-    `batch_dependence_max_dp` compares each row's int8 answer inside one forward call of all rows with
-    the row alone (the runtime runs int8 rows one by one, so this is 0 unless that breaks);
+    The runtime runs int8 rows one by one, so batch dependence is 0 unless that breaks;
     `padded_batch_max_dp` shows the drift a padded int8 batch would have had, for information.
     """
-    from laya.calibration.temperatures import Temperatures
-    from laya.encoder.batch import collate
-    from laya.heads.decode import probabilities
+    from laya.gate import measure
     from laya.runtimes.onnx import OnnxRuntime
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the checkpoint's own clamp was reported when it was loaded
-        temps = Temperatures.from_raw(checkpoint.config.temperature, checkpoint.config.temperature_by_options,
-                                      source="gate")
-    pairs = gate_batches(checkpoint)
-    rows = [r for _, r in pairs]
-    pad = checkpoint.tokenizer.pad_id
-
-    def answers(forward, subset_indices):
-        logits, _ = forward(collate([rows[i] for i in subset_indices], pad))
-        return [probabilities(logits[j, : len(rows[i].markers)],
-                              temps.for_question(pairs[i][0].qtype, pairs[i][0].n_options))
-                for j, i in enumerate(subset_indices)]
 
     fp32 = OnnxRuntime.from_graph(fp32_path, "fp32")
     int8 = OnnxRuntime.from_graph(int8_path, "int8")
-    every = list(range(len(rows)))
-    ref = answers(fp32.forward, every)
-    together = answers(int8.forward, every)
-    alone = [answers(int8.forward, [i])[0] for i in every]
-    padded = answers(int8._run, every)
-    max_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(ref, alone))
-    agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, alone)) / len(rows)
-    batch_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(together, alone))
-    padded_dp = max(float(np.max(np.abs(a - b))) for a, b in zip(padded, alone))
-    passed = max_dp <= INT8_MAX_DP and agree >= INT8_MIN_AGREEMENT and batch_dp <= INT8_MAX_BATCH_DP
-    return {"rows": len(rows), "max_dp": round(max_dp, 6), "argmax_agreement": round(agree, 4),
-            "batch_dependence_max_dp": round(batch_dp, 6), "padded_batch_max_dp": round(padded_dp, 6),
-            "bounds": {"max_dp": INT8_MAX_DP, "argmax_agreement": INT8_MIN_AGREEMENT,
-                       "batch_dependence_max_dp": INT8_MAX_BATCH_DP},
-            "passed": bool(passed)}
+    return measure(checkpoint, fp32.forward, int8.forward, "int8", extra={"padded_batch": int8._run})
 
 
 def quantize_int8(fp32_path: Path, int8_path: Path) -> int:

@@ -16,7 +16,28 @@ from laya.errors import CheckpointError, LayaError, QuestionError, RuntimeUnavai
 from laya.model import Model
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUnavailable", "load"]
+__all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUnavailable", "load", "train"]
+
+
+def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, resume: bool = False,
+          text_column: str = "text", label_column: str = "label", target_precision: float = 0.9,
+          quiet: bool = False, plots: bool = True, **settings: Any) -> dict[str, Any]:
+    """Fine-tune `model` on labelled decisions (`data`: JSONL or CSV) into the checkpoint folder `out`.
+
+    `settings` are `laya.training.loop.Settings` fields (epochs, batch_size, encoder_lr, head_lr,
+    freeze_encoder, holdout, seed, device, precision, ...). Returns the report, also written to
+    `out/report/`. Needs the [train] extra."""
+    import dataclasses
+
+    from laya.training.loop import Settings
+    from laya.training.run import train as run
+
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(Settings)})
+    if unknown:
+        raise LayaError(f"unknown training setting {', '.join(unknown)}; the settings are "
+                        f"{', '.join(f.name for f in dataclasses.fields(Settings))}")
+    return run(model, data, out, settings=Settings(**settings), resume=resume, text_column=text_column,
+               label_column=label_column, target_precision=target_precision, quiet=quiet, plots=plots)
 
 
 def load(
@@ -36,7 +57,8 @@ def load(
     `model` is a local folder, a registered name (pinned revision and weights digest) or a Hub id
     (`subfolder`, `revision` optional). `sha256` is the weights' digest, or a map of relative paths
     to digests, checked before anything is parsed. `local_only` never contacts the Hub.
-    `runtime` defaults to `torch` for a checkpoint and to the bundle's own runtime for an exported
+    `runtime` defaults to `auto` for a checkpoint (the fastest faithful runtime installed here, see
+    `laya.choice`; `model.choice` says which and why) and to the bundle's own runtime for an exported
     bundle; runtime options (`threads`, `precision`, `force`, ...) go to the runtime.
     """
     from laya.loading import build_runtime, load_model_checkpoint
@@ -44,14 +66,21 @@ def load(
     checkpoint, default_name, bundle_kind = load_model_checkpoint(
         model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only
     )
-    if bundle_kind is not None and runtime not in (None, bundle_kind):
+    if bundle_kind is not None and runtime not in (None, "auto", bundle_kind):
         raise CheckpointError(f"{model} is a {bundle_kind} bundle; load it with runtime={bundle_kind!r}")
-    runtime = runtime or bundle_kind or "torch"
+    if bundle_kind is not None:
+        runtime = bundle_kind
     fitted = None
     if calibration is not None:
         from laya.calibration.file import load_calibration
 
         fitted = load_calibration(calibration)
         fitted.check_model(checkpoint.fingerprint, os.fspath(model))  # before the runtime is built
-    runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
-    return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted)
+    choice = None
+    if runtime in (None, "auto"):
+        from laya.choice import choose
+
+        runtime_impl, choice = choose(checkpoint, runtime_options, build_runtime)
+    else:
+        runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
+    return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted, choice=choice)

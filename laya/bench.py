@@ -102,3 +102,65 @@ def report(results: list[dict[str, Any]], say=print) -> None:
             f"{r['max_ms']:7.1f}ms {r['graph_ms']:7.1f}ms {r['overhead']:6.1%} {r['tokens_per_s']:8.0f} "
             f"{r['speedup']:7.2f}x")
     say(f"peak resident memory of the process: {_peak_mb():.0f} MB")
+
+
+def pick_candidates(force: bool = False) -> list[str]:
+    """What `laya bench --pick` measures: every runtime and precision installed here that auto could run."""
+    from laya.hardware import cpu
+    from laya.runtimes.base import available_runtimes
+
+    have, machine = set(available_runtimes()), cpu()
+    out = []
+    if "torch" in have:
+        out.append("torch")
+        if machine.bf16_units or force:
+            out.append("torch:bf16")
+    if "onnx" in have:
+        out += ["onnx", "onnx:int8"]
+    if "mlx" in have and machine.apple_silicon:
+        out += ["mlx:fp16"]
+    return out
+
+
+def faithful(model: Model) -> bool:
+    """fp32 runtimes are exact; reduced precisions only when their gate passed."""
+    gate = getattr(model.runtime, "gate", None)
+    return gate is None or bool(gate.get("passed"))
+
+
+def store_winner(models: dict[str, Model], results: list[dict[str, Any]]) -> tuple[str, Any]:
+    """The fastest faithful runtime (geometric mean of its speed-ups over the scenarios), stored for auto."""
+    from laya.choice import store_pick
+
+    speed = {}
+    for spec, model in models.items():
+        if not faithful(model) or model.choice is not None:
+            continue
+        ups = [r["speedup"] for r in results if r["runtime"] == spec]
+        speed[spec] = statistics.geometric_mean(ups)
+    if not speed:
+        raise ValueError("no faithful runtime was measured")
+    winner = max(speed, key=speed.get)
+    model = models[winner]
+    name, _, precision = winner.partition(":")
+    summary = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(speed.items(), key=lambda kv: -kv[1]))
+    path = store_pick(model.checkpoint.fingerprint, name, {"precision": model.runtime.precision},
+                      {"summary": f"speed vs {next(iter(models))}: {summary}",
+                       "results": [r for r in results if r["runtime"] == winner]})
+    return winner, path
+
+
+def report_gates(models: dict[str, Model], skipped: dict[str, str], say=print) -> None:
+    """Each runtime's accuracy gate next to its speed: a fast answer that drifts is not a win."""
+    from laya.gate import describe
+
+    for spec, model in models.items():
+        gate = getattr(model.runtime, "gate", None)
+        how = model.choice.describe() if model.choice else ""
+        if gate:
+            verdict = "passed" if gate.get("passed") else "FAILED (forced)"
+            say(f"gate {spec:12s} {verdict}: {describe(gate)} {how}".rstrip())
+        else:
+            say(f"gate {spec:12s} {model.runtime.precision} (no gate: fp32 matches the reference) {how}".rstrip())
+    for spec, reason in skipped.items():
+        say(f"gate {spec:12s} not run: {reason}")

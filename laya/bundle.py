@@ -9,6 +9,7 @@ measured at export. No timestamps: exporting twice writes the same bytes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -96,6 +97,8 @@ def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: 
     if (folder / MANIFEST).is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("laya").info("exporting a %s bundle on first use into %s (once: later loads reuse it)",
+                                   kind, folder)
     tmp = Path(tempfile.mkdtemp(prefix=f"{key}.partial-", dir=root))
     try:
         build(tmp)

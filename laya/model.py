@@ -18,6 +18,7 @@ from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
+from laya.choice import Choice
 from laya.encoder.batch import collate, padded_length
 from laya.encoder.rows import Head, Row, StateTokens, build_head, build_row, compact_row, tokenize_state
 from laya.errors import QuestionError
@@ -82,10 +83,11 @@ class Model:
     def __init__(
         self, checkpoint: Checkpoint, runtime: Runtime, *, name: str | None = None,
         temperatures: Temperatures | None = None, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
-        calibration: Calibration | None = None,
+        calibration: Calibration | None = None, choice: Choice | None = None,
     ):
         self.checkpoint = checkpoint
         self.runtime = runtime
+        self.choice = choice  # how runtime="auto" chose the runtime, when it did
         self.name = name or checkpoint.path.name
         cfg = checkpoint.config
         self.temperatures = temperatures or Temperatures.from_raw(
@@ -316,6 +318,8 @@ class Model:
             "path": str(ck.path),
             "runtime": self.runtime.name,
             "precision": self.runtime.precision,
+            "runtime_choice": self.choice.to_dict() if self.choice else None,
+            "gate": getattr(self.runtime, "gate", None),
             "encoder": {
                 "id": ck.config.encoder,
                 "layers": enc.num_hidden_layers,

@@ -36,8 +36,11 @@ def mmbert_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny-mm", TestCheckpointSpec(flavour="mmbert"))
 
 
-def load_quiet(path, runtime: str | None = None, **kwargs):
-    """Load a generated checkpoint; its deliberate out-of-range temperature warns at every load."""
+def load_quiet(path, runtime: str | None = "torch", **kwargs):
+    """Load a generated checkpoint; its deliberate out-of-range temperature warns at every load.
+
+    Tests run the reference runtime unless they name another, "auto" or None (a bundle's own runtime):
+    auto would export an ONNX bundle for every checkpoint a test generates."""
     import laya
 
     with warnings.catch_warnings():

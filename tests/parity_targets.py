@@ -42,6 +42,12 @@ TARGETS = [
     # int8: a bundle is only usable when its export gate passed (max |dp| <= 0.05 on the gate's fixed
     # rows); on arbitrary inputs its documented bound is 0.1, with no flip past twice that margin.
     ParityTarget("onnx", {"precision": "int8", "force": True}, max_dp=0.1, label="onnx-int8", gated=True),
+    # bf16, the published checkpoints' training precision: its load-time gate must pass on every checkpoint
+    # here (not excused like int8). Forced, so that CPUs without bf16 units check it too (emulated there:
+    # slow, the same numbers).
+    ParityTarget("torch", {"precision": "bf16", "force": True}, max_dp=0.02, label="torch-bf16"),
+    # auto: whatever this machine picks, held to the loosest bound of what it may pick (bf16's).
+    ParityTarget("auto", max_dp=0.02, label="auto"),
     ParityTarget("mlx", {"precision": "fp32"}, label="mlx-fp32"),
     ParityTarget("mlx", {"precision": "fp16"}, max_dp=0.02, label="mlx-fp16"),
     # Core ML, verified without a Mac: (a) the fp32 torch graphs the programs are converted from (general
@@ -60,4 +66,4 @@ def installed_targets() -> list[ParityTarget]:
     if os.environ.get("CI"):
         missing = set(RUNTIMES) - have
         assert not missing, f"CI must install every runtime extra; missing: {sorted(missing)}"
-    return [t for t in TARGETS if t.runtime in have]
+    return [t for t in TARGETS if t.runtime in have or t.runtime == "auto"]

@@ -136,7 +136,9 @@ def test_predict_and_serve_take_the_calibration(encoder_run, checkpoint_dir, cap
 
 @pytest.mark.parametrize("line, message", [
     ("not json", "not valid JSON"),
-    ('{"state": "x", "questions": {}}', "needs .state., .questions. and .labels."),
+    ('{"state": "x", "questions": {}}', "needs .state., .questions. and one of .labels."),
+    (json.dumps({"state": "x", "questions": QUESTIONS, "gold": {"urgent": [0.5]}}), "must give 2 probabilities"),
+    (json.dumps({"state": "x", "questions": QUESTIONS, "gold": {"urgent": {"maybe": 1}}}), "gold keys must be"),
     (json.dumps({"state": "x", "questions": QUESTIONS, "labels": {"team": "finance"}}), "option names"),
     (json.dumps({"state": "x", "questions": QUESTIONS, "labels": {"level": 3}}), "level index 0..2"),
     (json.dumps({"state": "x", "questions": QUESTIONS, "labels": {"urgent": "yes"}}), "true or false"),

@@ -81,7 +81,7 @@ def test_neural_engine_specs_are_channel_first_fixed_fp16(bundle):
 
 
 def test_rows_go_to_the_smallest_bucket_that_fits_else_to_the_general_program(bundle):
-    model = load_quiet(bundle, executor="mil")
+    model = load_quiet(bundle, None, executor="mil")
     runtime = model.runtime
     assert runtime.bucket_for(10, 2) == 64 and runtime.bucket_for(64, 2) == 64 and runtime.bucket_for(65, 2) == 96
     assert runtime.bucket_for(200, 32) == 256 and runtime.bucket_for(200, 33) is None
@@ -91,7 +91,7 @@ def test_rows_go_to_the_smallest_bucket_that_fits_else_to_the_general_program(bu
     model.predict("short", many)  # 40 options > 32 slots: the general program, not a truncated question
     assert runtime.routed["general"] == 1
     ane_answer = model.predict("refund please", QUESTIONS)
-    general_only = load_quiet(bundle, executor="mil", ane=False)
+    general_only = load_quiet(bundle, None, executor="mil", ane=False)
     general_answer = general_only.predict("refund please", QUESTIONS)
     assert general_only.runtime.routed == {"ane": 0, "general": 2}
     for key, p in general_answer["answers"]["t"]["probabilities"].items():
@@ -103,13 +103,13 @@ def test_core_ml_itself_is_refused_off_macos_naming_the_platform(bundle):
     import platform
 
     with pytest.raises(RuntimeUnavailable, match=f"only on macOS.*this is {platform.system()}"):
-        load_quiet(bundle)
+        load_quiet(bundle, None)
 
 
 def test_the_general_program_is_never_put_on_the_neural_engine(bundle):
     for units in ("all", "cpu_and_ne"):
         with pytest.raises(RuntimeUnavailable, match="wrong answers on the Neural Engine"):
-            load_quiet(bundle, executor="mil", compute_units=units)
+            load_quiet(bundle, None, executor="mil", compute_units=units)
 
 
 def test_the_evaluator_names_an_operation_it_does_not_know(bundle, monkeypatch):

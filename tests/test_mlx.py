@@ -54,7 +54,7 @@ def test_bundle_contents_and_reproducibility(bundles):
 @pytest.mark.parametrize("precision, bound", [("fp32", 1e-4), ("fp16", 0.02)])
 def test_bundles_answer_like_the_reference(bundles, precision, bound):
     reference = load_quiet(SOURCE, "torch").predict("refund please, it is late", QUESTIONS)
-    model = load_quiet(bundles / precision)
+    model = load_quiet(bundles / precision, None)
     assert model.runtime.name == "mlx" and model.runtime.precision == precision
     got = model.predict("refund please, it is late", QUESTIONS)
     for key, p in reference["answers"]["t"]["probabilities"].items():
@@ -64,7 +64,7 @@ def test_bundles_answer_like_the_reference(bundles, precision, bound):
 
 def test_precision_rules(bundles):
     with pytest.raises(CheckpointError, match="fp16 MLX bundle cannot run in fp32"):
-        load_quiet(bundles / "fp16", precision="fp32")
+        load_quiet(bundles / "fp16", None, precision="fp32")
     with pytest.raises(CheckpointError, match="MLX precision must be one of"):
         load_quiet(SOURCE, "mlx", precision="bf16")
     # a checkpoint defaults to fp16 on Apple silicon only

@@ -132,5 +132,5 @@ def test_policy_modules_import_no_framework():
 
 
 def test_unknown_runtime_option(checkpoint_dir):
-    with pytest.raises(RuntimeUnavailable, match="runtime 'torch' takes no option 'force'"):
-        load_quiet(checkpoint_dir, "torch", force=True)
+    with pytest.raises(RuntimeUnavailable, match="takes no option 'bogus'; it takes force, precision, threads"):
+        load_quiet(checkpoint_dir, "torch", bogus=True)

@@ -15,6 +15,7 @@ from laya.export.onnx import export_bundle  # noqa: E402
 import laya  # noqa: E402
 from laya.checkpoint import load_checkpoint  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
+from laya.gate import GateFailed  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
 QUESTIONS = BUNDLE_QUESTIONS
@@ -64,13 +65,13 @@ def test_int8_bundle_with_a_failed_gate_is_refused_unless_forced(bundles, tmp_pa
     manifest = json.loads((failed / "manifest.json").read_text())
     manifest["gate"]["passed"] = False
     (failed / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="failed its accuracy gate"):
+    with pytest.raises(GateFailed, match="failed its accuracy gate"):
         laya.load(failed)
-    assert load_quiet(failed, force=True).predict("x", QUESTIONS)["answers"]["u"]["type"] == "noul"
+    assert load_quiet(failed, None, force=True).predict("x", QUESTIONS)["answers"]["u"]["type"] == "noul"
 
 
 def test_int8_rows_do_not_depend_on_their_company(bundles):
-    model = load_quiet(bundles / "int8", force=True)
+    model = load_quiet(bundles / "int8", None, force=True)
     alone = model.predict("refund please", {"t": QUESTIONS["t"]})["answers"]["t"]
     crowd = model.predict_batch(["something much longer " * 20, "refund please"], QUESTIONS)[1]["answers"]["t"]
     assert alone == crowd

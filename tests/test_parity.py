@@ -17,7 +17,8 @@ from conftest import GOLDEN, load_quiet
 from parity_targets import REFERENCE, installed_targets
 
 from laya.encoder.rows import build_rows
-from laya.errors import CheckpointError, QuestionError
+from laya.errors import QuestionError
+from laya.gate import GateFailed
 from laya.questions import parse_questions
 
 RECORD = json.loads((GOLDEN / "answers.json").read_text(encoding="utf-8"))
@@ -101,7 +102,7 @@ def load_golden_tokenizer_model(name: str):
 
 
 def gate_passed(model) -> bool:
-    return bool(getattr(model.runtime, "manifest", {}).get("gate", {}).get("passed"))
+    return bool((getattr(model.runtime, "gate", None) or {}).get("passed"))
 
 
 def check_gated(target, model, compare) -> bool:
@@ -110,9 +111,9 @@ def check_gated(target, model, compare) -> bool:
     if not target.gated or gate_passed(model):
         return True
     options = {k: v for k, v in target.options.items() if k != "force"}
-    with pytest.raises(CheckpointError, match="failed its accuracy gate"):
+    with pytest.raises(GateFailed, match="failed its accuracy gate"):
         load_quiet(model.checkpoint.path, target.runtime, **options)
-    gate = model.runtime.manifest["gate"]
+    gate = model.runtime.gate
     bounds = gate["bounds"]
     assert (gate["max_dp"] > bounds["max_dp"] or gate["argmax_agreement"] < bounds["argmax_agreement"]
             or gate["batch_dependence_max_dp"] > bounds["batch_dependence_max_dp"])

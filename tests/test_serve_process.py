@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -48,6 +49,11 @@ def test_workers_serve_with_a_key_file_and_an_engine_process_each(checkpoint_dir
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
+        # each worker becomes ready on its own: wait until many connections in a row reach a ready one
+        deadline, streak = time.monotonic() + 120, 0
+        while streak < 20 and time.monotonic() < deadline:
+            with httpx.Client() as fresh:  # a new connection each time, so either worker may take it
+                streak = streak + 1 if fresh.get(url + "/ready").status_code == 200 else 0
         body = {"state": "refund please", "questions": {"u": URGENT}}
         assert httpx.post(url + "/v1/systemone", json=body).status_code == 403
         r = httpx.post(url + "/v1/systemone", json=body, headers={"authorization": "Bearer s3cret"})

@@ -15,6 +15,7 @@ from laya.bundle import bundle_to_run, read_manifest
 from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
 from laya.errors import CheckpointError
+from laya.gate import GateFailed, describe
 from laya.heads.layout import MASKED_LOGIT
 
 INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
@@ -62,9 +63,11 @@ class OnnxRuntime:
                                   "(weights, configs or tokenizer differ)")
         gate = manifest.get("gate")
         if manifest["precision"] == "int8" and not (gate and gate.get("passed")) and not force:
-            raise CheckpointError(
-                f"{folder}: this int8 bundle failed its accuracy gate at export ({gate}); its answers drift "
-                "from fp32 beyond the documented bound. Use the fp32 bundle, or pass force=True to accept it")
+            raise GateFailed(
+                f"{folder}: this int8 bundle failed its accuracy gate at export ("
+                f"{describe(gate) if gate else 'no gate recorded'}); its answers drift from fp32 beyond the "
+                "documented bound. Use the fp32 bundle, or pass force=True to accept it", gate or {})
+        self.gate = gate
         self.session = _session(folder / manifest["graph"], threads)
         self.precision = manifest["precision"]
         self.manifest = manifest
@@ -75,7 +78,7 @@ class OnnxRuntime:
         """A runtime over a bare graph file (the exporter's gate uses it before the bundle exists)."""
         runtime = cls.__new__(cls)
         runtime.session = _session(path, threads)
-        runtime.precision, runtime.manifest, runtime.folder = precision, {}, path.parent
+        runtime.precision, runtime.manifest, runtime.folder, runtime.gate = precision, {}, path.parent, None
         return runtime
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:

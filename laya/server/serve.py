@@ -174,11 +174,27 @@ def configure_logging() -> None:
     root.setLevel(logging.INFO)
 
 
+def warm_caches(options: ServeOptions) -> None:
+    """Workers load the same models at the same time: what they share on disk (a bundle exported on
+    first use, a gate record) is built once here, so they come up together instead of racing to build
+    it, and a model that cannot load fails before any worker starts."""
+    import gc
+
+    for spec in options.models:
+        if not spec.source.lower().endswith(".gguf"):
+            try:
+                load_engine(spec, options)
+            except LayaError as exc:
+                raise LayaError(f"could not load the models: {spec.name}: {exc}") from exc
+    gc.collect()
+
+
 def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     import uvicorn
 
     configure_logging()
     if workers > 1:
+        warm_caches(options)
         with tempfile.TemporaryDirectory(prefix="laya-serve-") as private:  # mode 0700: this user only
             path = Path(private) / "options.json"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -1,0 +1,188 @@
+"""`laya train`: from chance to a trained router, an act head that knows when it is wrong, and a checkpoint in
+the published format that every runtime (and upstream's loader) serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import load_quiet
+from laya.models.routing_task import QUESTION, routing_lines, write_csv, write_jsonl
+from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+import laya
+from laya.calibration.data import DataError, read_csv_records, read_labelled
+from laya.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# The routing task on the generated checkpoint: settings found to learn it in a few CPU minutes.
+TASK = dict(epochs=6, encoder_lr=1e-3, head_lr=1e-3, batch_size=16, holdout=0.4, seed=0)
+LINES = 2400
+
+
+def clean_accuracy(model, lines) -> float:
+    """Accuracy against the true team (the label before any noise)."""
+    answers = model.predict_batch([line["state"] for line in lines], QUESTION)
+    truth = [line["team"] for line in lines]
+    return float(np.mean([a["answers"]["team"]["choice"] == t for a, t in zip(answers, truth)]))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    source = write_test_checkpoint(root / "source", TestCheckpointSpec(seed=3))
+    lines = routing_lines(LINES, seed=1)
+    data = write_jsonl(root / "routing.jsonl", lines)
+    report = laya.train(source, data, root / "out", quiet=True, **TASK)
+    return source, root / "out", report, lines
+
+
+@pytest.mark.slow
+def test_a_generated_checkpoint_learns_the_task_from_chance(trained):
+    source, out, report, lines = trained
+    flipped = np.mean([line["flipped"] for line in lines])
+    assert 0.08 <= flipped <= 0.12  # 10% label noise overall
+    test = routing_lines(600, seed=99, noisy_share=0.0)
+    before, after = clean_accuracy(load_quiet(source), test), clean_accuracy(load_quiet(out), test)
+    assert before <= 0.4, before  # chance is 0.25
+    assert after >= 0.9, (before, after, report["training"])
+    held = report["heldout"]
+    assert held["after"]["accuracy"] > held["before"]["accuracy"] + 0.4
+    assert held["after"]["nll"] < held["before"]["nll"]
+    assert set(held["after_groups"]) == {"choice", "choice:3-5"}
+
+
+@pytest.mark.slow
+def test_the_act_head_knows_when_the_decision_is_wrong(trained):
+    _, out, report, _ = trained
+    act = report["act_head"]
+    assert act["fitted"] and act["right"] > 0 and act["wrong"] > 0
+    assert act["auroc"] >= 0.8, act
+    assert act["auroc"] > act["auroc_top_probability"], act
+    config = json.loads((out / "rl_agent_config.json").read_text())
+    assert config["fine_tuned"] is True
+    assert config["training"]["act_head"]["fitted_on"].endswith("decision frozen")
+    assert config["training"]["act_head"]["auroc"] == act["auroc"]
+    assert config["training"]["abstention_thresholds"]
+    assert config["temperature"] == report["temperatures"]["temperature"]
+    # the served answer carries the trained act head: x_act_probability now varies with the input
+    model = load_quiet(out)
+    probs = [model.predict(s, QUESTION)["answers"]["team"]["x_act_probability"]
+             for s in ("refund please", "Rechnung bitte heute", "hola factura")]
+    assert max(probs) - min(probs) > 0.05
+
+
+@pytest.mark.slow
+def test_the_report_has_figures_curves_and_pictures(trained):
+    _, out, report, _ = trained
+    folder = out / "report"
+    for name in ("train_report.json", "summary.txt", "loss.png", "act_coverage.png"):
+        assert (folder / name).stat().st_size > 0, name
+    assert (folder / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((folder / "train_report.json").read_text())
+    assert saved["training"]["steps"] == report["training"]["steps"] > 0
+    assert len(saved["training"]["epoch_losses"]) == TASK["epochs"]
+    assert saved["training"]["epoch_losses"][-1] < saved["training"]["epoch_losses"][0]
+    curve = saved["act_head"]["coverage_curve"]
+    assert curve[-1]["coverage"] == 1.0 and curve[0]["precision"] >= curve[-1]["precision"]
+    assert "right vs wrong AUROC" in (folder / "summary.txt").read_text()
+    assert not saved["warnings"], saved["warnings"]
+
+
+@pytest.mark.slow
+def test_the_checkpoint_round_trips_through_strict_loading_and_onnx(trained):
+    _, out, _, lines = trained
+    states = [line["state"] for line in lines[:6]]
+    reference = load_quiet(out).predict_batch(states, QUESTION)
+    onnx = load_quiet(out, "onnx").predict_batch(states, QUESTION)
+    for a, b in zip(reference, onnx):
+        pa, pb = a["answers"]["team"]["probabilities"], b["answers"]["team"]["probabilities"]
+        assert max(abs(pa[k] - pb[k]) for k in pa) < 1e-4
+        assert abs(a["answers"]["team"]["x_act_probability"] - b["answers"]["team"]["x_act_probability"]) < 1e-4
+    assert not (out / "epochs" / "epoch-1" / "model.safetensors").samefile(out / "model.safetensors")
+    load_quiet(out / "epochs" / f"epoch-{TASK['epochs']}")  # every epoch checkpoint is servable too
+
+
+def upstream_python() -> Path:
+    sys.path.insert(0, str(ROOT / "tests" / "golden"))
+    from make_golden import ensure_upstream
+
+    return ensure_upstream(ROOT / ".venv-upstream")
+
+
+@pytest.mark.slow
+def test_upstream_loads_the_checkpoint_and_answers_the_same(trained, tmp_path):
+    """Upstream laya 0.4.15's Agent, in its own venv (the one the goldens are made with), on a copy."""
+    import shutil
+
+    _, out, _, lines = trained
+    copy = tmp_path / "copy"  # upstream rewrites tokenizer_config.json in place
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("epochs", "report"))
+    cases = [{"id": str(i), "state": line["state"], "questions": QUESTION} for i, line in enumerate(lines[:8])]
+    job, result = tmp_path / "job.json", tmp_path / "out.json"
+    job.write_text(json.dumps({"checkpoints": {"trained": {"path": str(copy), "cases": cases}}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    run = subprocess.run([str(upstream_python()), str(ROOT / "tests" / "golden" / "run_upstream.py"), str(job),
+                          str(result)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = json.loads(result.read_text())["results"]["trained"]
+    ours = load_quiet(out)
+    for case, answer in zip(cases, theirs):
+        assert "error" not in answer, answer
+        got = ours.predict(case["state"], case["questions"])["answers"]["team"]
+        want = answer["response"]["answers"]["team"]
+        assert max(abs(got["probabilities"][k] - v) for k, v in want["probabilities"].items()) < 1e-4
+        assert abs(got["x_act_probability"] - want["action"]["act_probability"]) < 1e-4
+
+
+def test_csv_becomes_one_choice_question(tmp_path):
+    path = write_csv(tmp_path / "d.csv", routing_lines(20, seed=4))
+    records = read_labelled(path)
+    assert len(records) == 20 and records[0].parsed[0].qtype == "choice"
+    assert set(records[0].parsed[0].keys) <= {"billing", "technical", "sales", "legal"}
+    (tmp_path / "bad.csv").write_text("message,team\nhello,billing\n")
+    with pytest.raises(DataError, match="no column 'text' or 'label'.*--text-column"):
+        read_csv_records(tmp_path / "bad.csv")
+    assert len(read_csv_records(tmp_path / "bad.csv", text_column="message", label_column="team")) == 1
+
+
+def test_upstream_training_files_are_read_unchanged(tmp_path):
+    lines = [{"state": "refund please", "questions": QUESTION, "expected": {"team": "billing"}},
+             {"state": "crash", "questions": QUESTION, "gold": {"team": [0.1, 0.7, 0.1, 0.1]}},
+             {"state": "pricing", "questions": QUESTION, "gold": {"team": {"sales": 3, "legal": 1}}}]
+    path = tmp_path / "up.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    records = read_labelled(path)
+    assert [r.labels["team"] for r in records] == [0, 1, 2]
+    assert records[2].soft["team"] == (0.0, 0.0, 0.75, 0.25)
+
+
+def test_bad_settings_and_data_are_clear_errors(tmp_path, checkpoint_dir, capsys):
+    data = write_jsonl(tmp_path / "few.jsonl", routing_lines(4, seed=2))
+    assert main(["train", str(checkpoint_dir), str(data), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "cannot be split" in capsys.readouterr().err
+    assert main(["train", str(checkpoint_dir), str(data), "--out", str(tmp_path / "o"), "--epochs", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(laya.LayaError, match="unknown training setting"):
+        laya.train(checkpoint_dir, data, tmp_path / "o", epoch=3)
+
+
+def test_resume_continues_from_the_last_epoch(tmp_path):
+    source = write_test_checkpoint(tmp_path / "src", TestCheckpointSpec(seed=5, num_layers=2))
+    data = write_jsonl(tmp_path / "d.jsonl", routing_lines(120, seed=6))
+    settings = dict(epochs=2, batch_size=16, holdout=0.4, seed=1, quiet=True, plots=False)
+    straight = laya.train(source, data, tmp_path / "straight", **settings)
+    # interrupted after epoch 1: only its checkpoint is left, then --resume finishes the run
+    laya.train(source, data, tmp_path / "cut", **{**settings, "epochs": 2})
+    import shutil
+
+    shutil.rmtree(tmp_path / "cut" / "epochs" / "epoch-2")
+    resumed = laya.train(source, data, tmp_path / "cut", resume=True, **settings)
+    assert resumed["training"]["epoch_losses"] == pytest.approx(straight["training"]["epoch_losses"], abs=1e-6)
+    with pytest.raises(laya.LayaError, match="other settings"):
+        laya.train(source, data, tmp_path / "cut", resume=True, **{**settings, "seed": 9})
