@@ -21,7 +21,7 @@ from laya.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # The routing task on the generated checkpoint: settings found to learn it in a few CPU minutes.
-TASK = dict(epochs=6, encoder_lr=1e-3, head_lr=1e-3, batch_size=16, holdout=0.4, seed=0)
+TASK = dict(epochs=10, encoder_lr=3e-4, head_lr=1e-3, batch_size=8, holdout=0.4, seed=0)
 LINES = 2400
 
 
@@ -145,10 +145,10 @@ def test_csv_becomes_one_choice_question(tmp_path):
     records = read_labelled(path)
     assert len(records) == 20 and records[0].parsed[0].qtype == "choice"
     assert set(records[0].parsed[0].keys) <= {"billing", "technical", "sales", "legal"}
-    (tmp_path / "bad.csv").write_text("message,team\nhello,billing\n")
+    (tmp_path / "bad.csv").write_text("message,team\nhello,billing\nbonjour,sales\n")
     with pytest.raises(DataError, match="no column 'text' or 'label'.*--text-column"):
         read_csv_records(tmp_path / "bad.csv")
-    assert len(read_csv_records(tmp_path / "bad.csv", text_column="message", label_column="team")) == 1
+    assert len(read_csv_records(tmp_path / "bad.csv", text_column="message", label_column="team")) == 2
 
 
 def test_upstream_training_files_are_read_unchanged(tmp_path):

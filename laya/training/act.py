@@ -68,28 +68,24 @@ def fit_act_head(net: nn.Module, x: np.ndarray, right: np.ndarray, seed: int) ->
     sigma = np.where(sigma > 1e-6, sigma, 1.0)
     z = torch.from_numpy((x - mu) / sigma).float()
     y = torch.from_numpy((~right).astype(np.int64))  # class 0: act (right), class 1: escalate (wrong)
-    torch.manual_seed(seed)
     first, last = net.act_head[0], net.act_head[2]
-    head = nn.Sequential(nn.Linear(first.in_features, first.out_features), nn.GELU(),
-                         nn.Linear(last.in_features, last.out_features))
-    weights = torch.tensor([len(fit) / (2 * max(1, int(right[fit].sum()))),
-                            len(fit) / (2 * max(1, int((~right[fit]).sum())))], dtype=torch.float32)
-    loss_fn = nn.CrossEntropyLoss(weight=weights)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    best = (np.inf, None, 0)
-    fit_t, val_t = torch.from_numpy(fit), torch.from_numpy(val)
-    for step in range(1, STEPS + 1):
-        head.train()
-        optimizer.zero_grad()
-        loss = loss_fn(head(z[fit_t]), y[fit_t])
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 0:
-            with torch.no_grad():
-                val_loss = float(loss_fn(head(z[val_t]), y[val_t]))
-            if val_loss < best[0]:
-                best = (val_loss, {k: v.clone() for k, v in head.state_dict().items()}, step)
-    head.load_state_dict(best[1])
+    # Two candidates: the option distribution's four features alone (what
+    # the top probability knows, reweighed), and those with the CLS vector (what the input says about
+    # the decision's reliability), which needs more answers not to overfit.
+    candidates = {name: _fit_mlp(z, y, fit, val, first, last, seed, only_features=name == "features")
+                  for name in ("features", "features+cls")}
+    val_t = torch.from_numpy(val)
+    separation = {}
+    for name, (_, state, _) in candidates.items():
+        head = _mlp(first, last)
+        head.load_state_dict(state)
+        with torch.no_grad():
+            separation[name] = auroc(torch.softmax(head(z[val_t]), -1)[:, 0].numpy(), right[val]) or 0.0
+    # kept by how well it separates right from wrong on the validation answers (the simpler on a tie)
+    chosen = max(candidates, key=lambda name: (separation[name], name == "features"))
+    _, state, steps = candidates[chosen]
+    head = _mlp(first, last)
+    head.load_state_dict(state)
     with torch.no_grad():
         p_right = torch.softmax(head(z[val_t]), -1)[:, 0].numpy()
         w0 = head[0].weight.double() / torch.from_numpy(sigma)[None, :]
@@ -98,7 +94,45 @@ def fit_act_head(net: nn.Module, x: np.ndarray, right: np.ndarray, seed: int) ->
         first.bias.copy_(b0.float())
         last.weight.copy_(head[2].weight)
         last.bias.copy_(head[2].bias)
-    record.update(fitted=True, steps=best[2], validation_answers=len(val),
+    record.update(fitted=True, inputs=chosen, steps=steps, validation_answers=len(val),
+                  validation_auroc_by_inputs={k: round(v, 4) for k, v in separation.items()},
                   validation_auroc=auroc(p_right, right[val]),
                   validation_auroc_top_probability=auroc(x[val, -4], right[val]))
     return record
+
+
+def _mlp(first: nn.Linear, last: nn.Linear) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(first.in_features, first.out_features), nn.GELU(),
+                         nn.Linear(last.in_features, last.out_features))
+
+
+def _fit_mlp(z: torch.Tensor, y: torch.Tensor, fit: np.ndarray, val: np.ndarray, first: nn.Linear, last: nn.Linear,
+             seed: int, only_features: bool) -> tuple[float, dict[str, torch.Tensor], int]:
+    """Full-batch AdamW with class-balanced cross-entropy; the step with the best validation loss."""
+    torch.manual_seed(seed)
+    head = _mlp(first, last)
+    if only_features:  # the CLS columns stay zero: this head reads the four distribution features only
+        with torch.no_grad():
+            head[0].weight[:, :-4] = 0.0
+    n_wrong = int(y[torch.from_numpy(fit)].sum())
+    weights = torch.tensor([len(fit) / (2 * max(1, len(fit) - n_wrong)), len(fit) / (2 * max(1, n_wrong))],
+                           dtype=torch.float32)
+    loss_fn = nn.CrossEntropyLoss(weight=weights)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    fit_t, val_t = torch.from_numpy(fit), torch.from_numpy(val)
+    best: tuple[float, dict[str, torch.Tensor], int] = (float("inf"), {}, 0)
+    for step in range(1, STEPS + 1):
+        optimizer.zero_grad()
+        loss_fn(head(z[fit_t]), y[fit_t]).backward()
+        if only_features:
+            head[0].weight.grad[:, :-4] = 0.0
+        optimizer.step()
+        if only_features:
+            with torch.no_grad():
+                head[0].weight[:, :-4] = 0.0  # weight decay must not move them either
+        if step % 10 == 0:
+            with torch.no_grad():
+                val_loss = float(loss_fn(head(z[val_t]), y[val_t]))
+            if val_loss < best[0]:
+                best = (val_loss, {k: v.clone() for k, v in head.state_dict().items()}, step)
+    return best
