@@ -177,7 +177,10 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
         bar.close()
     net.to("cpu")
 
-    # the act head, on the fitting half of the held-out lines, decision network frozen
+    # the act head, on the fitting half of the held-out lines, decision network frozen and read as it is
+    # saved and served (fp16 weights)
+    save_checkpoint(net, source, out, {})
+    net = _load(out).runtime.net
     x, right = read_inputs(net, source, fit_examples)
     act_record = fit_act_head(net, x, right, settings.seed)
     act_record["fitted_on"] = f"{len(fit_examples)} held-out answers ({len(fit_records)} lines), decision frozen"
