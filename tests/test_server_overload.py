@@ -90,8 +90,9 @@ def test_the_queue_budget_sheds_while_queued_work_is_too_slow_to_drain():
 def remote_live(checkpoint_dir):
     from laya.server.remote import RemoteEngine
 
+    # the runtime of the in-process `model` it is compared with bit for bit
     engine = RemoteEngine(functools.partial(load_engine, ModelSpec(str(checkpoint_dir), name="remote"),
-                                            ServeOptions()))
+                                            ServeOptions(runtime="torch")))
     with LiveServer(create_app(lambda: [engine], ServerConfig(max_wait_ms=20))) as live:
         yield live
     engine.close()
