@@ -25,7 +25,7 @@ from laya.calibration.data import Record, read_labelled
 from laya.calibration.file import Calibration
 from laya.calibration.fitting import fit_temperatures
 from laya.calibration.metrics import auroc, coverage_curve
-from laya.calibration.run import collect, measure, split, top_and_correct
+from laya.calibration.run import collect, decode_all, measure, split, top_and_correct
 from laya.calibration.temperatures import bucket_key
 from laya.checkpoint import CONFIG_FILE, WEIGHTS_FILE, Checkpoint, load_checkpoint
 from laya.errors import CheckpointError, LayaError
@@ -208,9 +208,7 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
         if value is not None:
             thresholds[key] = round(float(value), 6)
 
-    predicted = np.array([int(np.argmax(s.evidence.probabilities(temps.for_question(s.evidence.qtype,
-                                                                                    s.evidence.n_options))))
-                          for s in answers])
+    predicted = np.array([int(np.argmax(p)) for p in decode_all(answers, temps)])
     labels = np.array([s.label for s in answers])
     majority = float(np.bincount(labels).max() / len(labels))
     top_share = float(np.bincount(predicted).max() / len(predicted))
