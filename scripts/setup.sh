@@ -23,5 +23,5 @@ fi
 echo "setup: installing laya with its extras (llama-cpp-python compiles llama.cpp on first install: minutes)"
 # A portable llama.cpp build; pip caches the wheel, so later setups are quick.
 CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" \
-    .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,onnx,export,mlx,coreml,calibrate,train,serve,llama,dev]"
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,onnx,export,mlx,coreml,calibrate,train,serve,ray,llama,dev]"
 echo "setup: ready (.venv)"

@@ -23,7 +23,7 @@ from live_server import free_port, wait_ready
 ROOT = Path(__file__).resolve().parents[1]
 # repository folder -> where it installs
 INSTALLED_AS = {"laya": "laya", "models": "laya/models", "export": "laya/export"}
-EXTRAS = "torch,onnx,export,serve,llama"
+EXTRAS = "torch,onnx,export,serve,llama,ray"
 
 
 def tracked_package_files() -> list[str]:
@@ -74,7 +74,7 @@ def test_the_sdist_holds_every_package_and_data_file(dists):
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "RAY_ADDRESS")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
     return env
 
@@ -127,15 +127,19 @@ def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path):
+@pytest.mark.parametrize("how", [[], ["--ray"]], ids=["uvicorn", "ray-serve"])
+def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path, how):
+    """`laya serve`, and `laya serve --ray` (a local Ray cluster, each model a deployment)."""
     venv, work = fresh_env, tmp_path
     assert run(venv, "python", "-m", "laya.models.testgen", "ck", cwd=work).returncode == 0
     gguf = run(venv, "python", "-c", "from laya.server.serve import smollm2_gguf; print(smollm2_gguf())", cwd=work)
     assert gguf.returncode == 0 and gguf.stdout.strip().endswith(".gguf"), gguf.stdout + gguf.stderr
     port = free_port()
+    clusters_before = _gcs_servers()
+    log = (work / "serve-stderr.txt").open("w")  # a file, not a pipe: Ray forwards every replica's log lines
     server = subprocess.Popen([str(venv / "bin" / "laya"), "serve", "-m", "enc=ck", "-m",
-                               f"chat={gguf.stdout.strip()}", "--port", str(port)],
-                              cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               f"chat={gguf.stdout.strip()}", "--port", str(port), *how],
+                              cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
@@ -149,6 +153,21 @@ def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path):
             assert body["model"] == name and set(body["answers"]["u"]["probabilities"]) == {"billing", "support"}
         page = httpx.get(url + "/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()  # the demo page ships in the wheel
+        if how:
+            assert httpx.get(url + "/health", timeout=10).json()["models"]["enc"]["ray"]["deployment"] == "enc"
+    except BaseException:
+        print((work / "serve-stderr.txt").read_text()[-4000:])
+        raise
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        code = server.wait(timeout=60)
+        log.close()
+    if how:  # it stopped cleanly, and the local cluster it started went with it
+        assert code == 0, (work / "serve-stderr.txt").read_text()[-3000:]
+        assert _gcs_servers() <= clusters_before
+
+
+def _gcs_servers() -> set[str]:
+    """Pids of running Ray clusters' GCS servers."""
+    ps = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout.split("\n")
+    return {line.split()[0] for line in ps if line.strip().endswith("gcs_server")}

@@ -65,6 +65,8 @@ def test_workers_serve_with_a_key_file_and_an_engine_process_each(checkpoint_dir
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert b"s3cret" not in cmdline and b"s3cret" not in environ
+            # `laya serve` without --ray never imports ray (its extension module is mapped by any import)
+            assert "_raylet" not in Path(f"/proc/{pid}/maps").read_text(), f"process {pid} imported ray"
     finally:
         server.terminate()
         server.wait(timeout=30)

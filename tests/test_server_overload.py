@@ -134,12 +134,12 @@ def test_direct_encoder_engine_still_serves(model):
 
 def test_an_exception_the_pipe_cannot_carry_becomes_a_remote_failure():
     from laya.errors import QuestionError
-    from laya.server.remote import RemoteFailure, _portable
+    from laya.server.remote import RemoteFailure, portable
 
     class Local(Exception):  # defined in a function: pickle cannot find it
         pass
 
-    carried = _portable(Local("boom"))
+    carried = portable(Local("boom"))
     assert isinstance(carried, RemoteFailure) and "Local: boom" in str(carried)
     refusal = QuestionError("no", qid="q", error_type="invalid_question")
-    assert _portable(refusal) is refusal
+    assert portable(refusal) is refusal

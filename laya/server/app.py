@@ -24,7 +24,7 @@ from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone,
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
 from laya.server.admission import SHED_ROUTES, Admission
-from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded
+from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded, PassThrough, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, parse_json, read_body
 from laya.server.metrics import Metrics
 from laya.server.openapi import BATCH_SCHEMA, REQUEST_SCHEMA
@@ -197,7 +197,9 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                 except OSError as exc:
                     log.warning("could not lower the HTTP loop's CPU priority: %s", exc)
             for engine in engines:
-                batcher = MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
+                # an engine that batches where it runs (a Ray Serve deployment) gets every job at once
+                kind = PassThrough if getattr(engine, "batches_where_it_runs", False) else MicroBatcher
+                batcher = kind(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
                                        max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
                 batcher.start()
                 served.engines[engine.name] = engine
@@ -309,6 +311,9 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             results, timing = task.result()
         except Overloaded as exc:
             raise overloaded(str(exc), exc.retry_after) from exc
+        except Unavailable as exc:
+            raise usage_error(503, "overloaded_error", f"{exc}; retry after {exc.retry_after} s",
+                              {"Retry-After": str(exc.retry_after)}) from exc
         except QuestionError as exc:
             raise question_error(exc) from exc
         except InferenceFailed as exc:

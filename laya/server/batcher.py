@@ -190,3 +190,46 @@ class MicroBatcher:
 
 class InferenceFailed(Exception):
     """An internal failure while running a job (logged with its traceback where it happened)."""
+
+
+class Unavailable(Exception):
+    """No replica of the model can take the request now (they are all gone or restarting); the
+    caller should retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PassThrough(MicroBatcher):
+    """For an engine that batches where it runs (`engine.batches_where_it_runs`, e.g. a Ray Serve
+    deployment whose replicas each run a MicroBatcher): the same admission in rows, but each job is
+    sent on at once (`engine.submit`), so several replicas work at the same time. The drain rate is
+    the replicas' own (rows per second of a forward batch, as each answer reports it): one replica's
+    rate, so with several the door and Retry-After err on the side of waiting."""
+
+    def __init__(self, engine: Any, *, max_pending_rows: int = 512, on_batch=None, **_ignored: Any):
+        super().__init__(engine, max_pending_rows=max_pending_rows, on_batch=on_batch)
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()  # unused; marks the batcher as started
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, job: Any, rows: int) -> tuple[list[dict], Timing]:
+        if self._queue is None:
+            raise RuntimeError("batcher not started")
+        self.pending_jobs += 1
+        try:
+            results, timing = await self.engine.submit(job)
+        except (Overloaded, Unavailable, QuestionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("inference failed on %s", self.engine.name)
+            raise InferenceFailed(self.engine.name) from exc
+        finally:
+            self.pending_jobs -= 1
+            self.pending_rows -= rows
+        self.drain.add(timing.batch_rows, timing.inference_ms / 1000.0)  # (batch sizes are the replicas')
+        return results, timing

@@ -138,7 +138,7 @@ def _serve_engine(conn, load) -> None:
         engine = load()
         engine.warmup()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails with it
-        conn.send(("failed", 0, exc if isinstance(exc, LayaError) else _portable(exc)))
+        conn.send(("failed", 0, exc if isinstance(exc, LayaError) else portable(exc)))
         return
     conn.send(("ready", 0, (engine.name, engine.description, getattr(engine, "release_date", ""),
                             engine.describe())))
@@ -158,7 +158,7 @@ def _serve_engine(conn, load) -> None:
         try:
             job = engine.prepare(states, questions, limits=limits, **options)
         except Exception as exc:  # noqa: BLE001 - a refusal travels back as it is
-            reply("err", rid, _portable(exc))
+            reply("err", rid, portable(exc))
             return
         token = next(tokens)
         jobs[token] = job
@@ -190,7 +190,7 @@ def _serve_engine(conn, load) -> None:
         try:
             done = dict(zip(present, engine.execute([jobs[token] for token in present])))
         except Exception as exc:  # noqa: BLE001
-            reply("err", rid, _portable(exc))
+            reply("err", rid, portable(exc))
             continue
         finally:
             for token in batch:
@@ -199,7 +199,7 @@ def _serve_engine(conn, load) -> None:
         reply("ok", rid, [done.get(token, []) for token in batch])
 
 
-def _portable(exc: BaseException) -> BaseException:
+def portable(exc: BaseException) -> BaseException:
     """`exc` itself when it survives pickling (a refusal keeps its type and fields), else a
     RemoteFailure naming it: an exception the pipe cannot carry must not leave the caller waiting."""
     import pickle
