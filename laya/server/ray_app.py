@@ -128,8 +128,12 @@ class RayAppConfig:
 # ---------------------------------------------------------------------------------------------- replicas
 
 
+# Serve's own line per call is off: the ingress writes laya's access line (one per HTTP request).
+QUIET = {"enable_access_log": False}
+
+
 @serve.deployment(max_ongoing_requests=32, health_check_period_s=5, health_check_timeout_s=30,
-                  graceful_shutdown_timeout_s=60)
+                  graceful_shutdown_timeout_s=60, logging_config=QUIET)
 class ModelReplica:
     """One replica of one served model. Ready (constructed) once the model is loaded and warmed up,
     which is what `/ready` means; healthy while its batcher runs."""
@@ -265,7 +269,7 @@ async def _result(response: Any) -> Any:
     return await response
 
 
-@serve.deployment(name=INGRESS, ray_actor_options={"num_cpus": 0}, health_check_period_s=5)
+@serve.deployment(name=INGRESS, ray_actor_options={"num_cpus": 0}, health_check_period_s=5, logging_config=QUIET)
 @serve.ingress()
 class Ingress:
     """The HTTP side: `create_app` over one RayEngine per model deployment."""
