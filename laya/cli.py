@@ -199,7 +199,7 @@ def serve_on_ray(args: argparse.Namespace, options) -> int:
     config = ray_app.from_options(options, replicas=args.replicas, max_ongoing_requests=args.max_ongoing_requests,
                                   autoscaling=autoscaling)
     configure_logging()
-    print(f"laya: serving on Ray Serve at http://{args.host}:{args.port} (API at /v1/systemone)", file=sys.stderr)
+    print(f"laya: deploying on Ray Serve ({len(config.models)} model deployment(s) and the ingress)", file=sys.stderr)
     ray_app.run(config, host=args.host, port=args.port, address=args.ray_address)
     return 0
 

@@ -356,6 +356,7 @@ def run(config: RayAppConfig, *, host: str = "127.0.0.1", port: int = 8000, addr
             serve.run(application(config), name=APP_NAME, route_prefix="/")
         except RuntimeError as exc:  # a deployment that failed to come up (a model that cannot load)
             raise LayaError(f"could not deploy the models on Ray Serve: {failure(exc)}") from exc
+        host, port = proxy_address(host, port)
         log.info("serving on Ray Serve at http://%s:%d (%s)", host, port,
                  ", ".join(f"{m.deployment} x{m.autoscaling or m.num_replicas}" for m in config.models))
         while not stop.wait(1.0):
@@ -370,6 +371,21 @@ def run(config: RayAppConfig, *, host: str = "127.0.0.1", port: int = 8000, addr
             if remover.is_alive():
                 log.warning("could not remove the app from the Ray cluster within 30 s; `serve delete %s` "
                             "removes it", APP_NAME)
+
+
+def proxy_address(host: str, port: int) -> tuple[str, int]:
+    """Where Serve's HTTP proxy really listens: on a cluster whose Serve was started before, its own
+    HTTP options stand and ours are ignored, so say so rather than name an address nobody serves."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        actual = _get_global_client().http_config
+    except Exception:  # noqa: BLE001 - a private API; without it the address asked for is reported
+        return host, port
+    if (actual.host, actual.port) != (host, port):
+        log.warning("Serve on this cluster already listens on %s:%d (its HTTP options stand, not %s:%d)",
+                    actual.host, actual.port, host, port)
+    return actual.host, actual.port
 
 
 def failure(exc: Exception) -> str:
