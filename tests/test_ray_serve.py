@@ -10,6 +10,7 @@ repository's Serve config deploys through Ray's own `serve run`, and a rolling c
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def test_requests_that_meet_in_a_replica_share_batches_and_answer_bit_for_bit(se
     for state, reply in zip(states, replies):
         alone = model.predict(state, questions)
         assert reply[1][0]["answers"] == alone["answers"] and reply[1][0]["usage"] == alone["usage"]
-    # and over HTTP, concurrently, through the ingress
+    # and over HTTP, concurrently, through the ingress, whose /metrics count each replica batch once
+    before = batch_jobs(server.url)
     with httpx.Client(timeout=60) as client:
         def ask(state):
             return client.post(server.url + "/v1/systemone", json={"state": state, "questions": questions}).json()
@@ -148,6 +150,17 @@ def test_requests_that_meet_in_a_replica_share_batches_and_answer_bit_for_bit(se
         for t in threads:
             t.join(120)
     assert all(out[s]["answers"] == model.predict(s, questions)["answers"] for s in states)
+    after = batch_jobs(server.url)
+    batches, jobs = after[0] - before[0], after[1] - before[1]
+    assert jobs == len(states) and 1 <= batches <= len(states)
+
+
+def batch_jobs(url: str) -> tuple[int, int]:
+    """(batches, jobs in them) from the ingress's laya_batch_jobs histogram."""
+    text = httpx.get(url + "/metrics").text
+    count = re.search(r"^laya_batch_jobs_count (\S+)$", text, re.M)
+    total = re.search(r"^laya_batch_jobs_sum (\S+)$", text, re.M)
+    return int(float(count.group(1))), int(float(total.group(1)))
 
 
 def test_a_refusal_in_a_replica_keeps_its_type_and_fields(server, checkpoint_dir):

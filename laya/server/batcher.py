@@ -40,6 +40,7 @@ class Timing:
     inference_ms: float = 0.0
     batch_rows: int = 0
     batch_jobs: int = 0
+    leads_batch: bool = True  # the one answer of its batch that counts the batch (where batches are counted apart)
 
 
 @dataclass
@@ -181,10 +182,12 @@ class MicroBatcher:
         self.drain.add(rows, seconds)
         if self.on_batch:
             self.on_batch(len(items), rows)
+        leader = True
         for it, result in zip(items, results):
             if not it.future.done():
                 timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=seconds * 1000.0,
-                                batch_rows=rows, batch_jobs=len(items))
+                                batch_rows=rows, batch_jobs=len(items), leads_batch=leader)
+                leader = False
                 it.future.set_result((result, timing))
 
 
@@ -231,5 +234,7 @@ class PassThrough(MicroBatcher):
         finally:
             self.pending_jobs -= 1
             self.pending_rows -= rows
-        self.drain.add(timing.batch_rows, timing.inference_ms / 1000.0)  # (batch sizes are the replicas')
+        self.drain.add(timing.batch_rows, timing.inference_ms / 1000.0)
+        if self.on_batch and timing.leads_batch:  # each replica batch counted once, by its first answer's caller
+            self.on_batch(timing.batch_jobs, timing.batch_rows)
         return results, timing
