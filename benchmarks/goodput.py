@@ -86,6 +86,20 @@ def ensure_wrk() -> str:
     return found
 
 
+def workspace(prefix: str, model: str | None, lua: str) -> tuple[Path, str, Path, Path]:
+    """A fresh folder holding the wrk script, the request body and (unless `model` names one) a
+    generated checkpoint: (folder, model, script, body)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    if model is None:
+        from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+        model = str(write_test_checkpoint(work / "ck", TestCheckpointSpec()))
+    script, body = work / "post.lua", work / "body.json"
+    script.write_text(lua)
+    body.write_text(json.dumps(BODY))
+    return work, model, script, body
+
+
 def histogram(url: str) -> dict[float, int]:
     """Cumulative bucket counts of answered /v1/systemone requests, from /metrics."""
     text = httpx.get(url + "/metrics", timeout=10).text
@@ -131,15 +145,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,024 connections need more than 1,024 files
 
-    work = Path(tempfile.mkdtemp(prefix="laya-goodput-"))
-    model = args.model
-    if model is None:
-        from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
-        model = str(write_test_checkpoint(work / "ck", TestCheckpointSpec()))
-    script, body = work / "post.lua", work / "body.json"
-    script.write_text(LUA)
-    body.write_text(json.dumps(BODY))
+    work, model, script, body = workspace("laya-goodput-", args.model, LUA)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     laya = str(Path(sys.executable).parent / "laya")

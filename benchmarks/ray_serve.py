@@ -22,12 +22,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from goodput import BODY, ensure_wrk, free_port
+from goodput import BODY, ensure_wrk, free_port, workspace
 
 LUA = r"""
 wrk.method = "POST"
@@ -84,15 +83,7 @@ def main() -> None:
     parser.add_argument("--runtime", default="torch")
     args = parser.parse_args()
     wrk = ensure_wrk()
-    work = Path(tempfile.mkdtemp(prefix="laya-ray-bench-"))
-    model = args.model
-    if model is None:
-        from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
-        model = str(write_test_checkpoint(work / "ck", TestCheckpointSpec()))
-    script, body = work / "post.lua", work / "body.json"
-    script.write_text(LUA)
-    body.write_text(json.dumps(BODY))
+    work, model, script, body = workspace("laya-ray-bench-", args.model, LUA)
     rows: dict[str, dict] = {}
 
     port = free_port()

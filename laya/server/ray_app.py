@@ -74,7 +74,7 @@ class ModelConfig:
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", base)[:64]
 
     def serve_options(self) -> ServeOptions:
-        return ServeOptions(models=[self.spec()], runtime=self.runtime, threads=self.threads, n_ctx=self.n_ctx,
+        return ServeOptions(runtime=self.runtime, threads=self.threads, n_ctx=self.n_ctx,
                             prefix_cache=self.prefix_cache, compact=self.compact, engine_process=False,
                             calibration={"": self.calibration} if self.calibration else {})
 
@@ -411,9 +411,9 @@ def from_options(options: ServeOptions, *, replicas: int = 1, max_ongoing_reques
     """`laya serve --ray`'s command line as a RayAppConfig (every model with the same Serve options)."""
     models = []
     for spec in options.models:
-        calibration = options.calibration.get(spec.name or "") or options.calibration.get("")
         models.append(ModelConfig(source=spec.source, name=spec.name, runtime=options.runtime,
-                                  threads=options.threads or 1, calibration=calibration, compact=options.compact,
+                                  threads=options.threads or 1, calibration=options.calibration_for(spec),
+                                  compact=options.compact,
                                   n_ctx=options.n_ctx, prefix_cache=options.prefix_cache, num_replicas=replicas,
                                   autoscaling=autoscaling, max_ongoing_requests=max_ongoing_requests,
                                   max_wait_ms=options.server.max_wait_ms,

