@@ -154,7 +154,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_tokens=args.max_request_tokens, max_decisions=args.max_decisions)
     config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending_rows=args.max_pending_rows,
                           max_concurrency=args.max_concurrency, shed_hold_ms=args.shed_hold_ms,
-                          max_queue_ms=args.max_queue_ms,
+                          max_queue_ms=args.max_queue_ms, request_timeout_s=args.request_timeout_s,
+                          drain_s=args.drain_s,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
@@ -395,6 +396,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or a positive number of seconds, not {text!r}")
+    return value
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
@@ -472,9 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-concurrency", type=int, default=64,
                      help="decision requests inside the server at once; more get 429 before their body is read "
                           "(default 64)")
-    srv.add_argument("--max-queue-ms", type=float, default=500.0,
-                     help="shed new requests at the door while the queued work takes longer than this to drain "
-                          "at the measured rate (default 500)")
+    srv.add_argument("--max-queue-ms", type=float, default=None,
+                     help="also shed new requests at the door while the work inside takes longer than this to "
+                          "drain at the measured rate (default: no bound of its own; a request is shed when it "
+                          "could not be answered within its deadline)")
+    srv.add_argument("--request-timeout-s", type=positive_float, default=30.0,
+                     help="each decision request's deadline: past it, its work stops and it gets 504; the door "
+                          "sheds what could not be answered within it (default 30; a client may ask for less "
+                          "with the X-Laya-Timeout-S header)")
+    srv.add_argument("--drain-s", type=nonnegative_float, default=30.0,
+                     help="on SIGTERM/SIGINT: refuse new requests with 503, let what is in flight finish for at "
+                          "most this long, then exit 0 (default 30; 0 stops at once)")
     srv.add_argument("--shed-hold-ms", type=float, default=1000.0,
                      help="how long a request shed at the door waits for its 429 (at most its Retry-After; "
                           "default 1000)")

@@ -9,7 +9,6 @@ which is what lets the server coalesce concurrent requests into shared forward p
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +17,9 @@ from laya.errors import Cancelled
 from laya.limits import UNLIMITED, Limits
 from laya.model import Model, Prepared
 from laya.questions import Question
+from laya.stop import StopFlag
+
+READY = {"state": "ready"}  # an engine in this process is up while the process is
 
 
 class Engine(Protocol):
@@ -25,7 +27,7 @@ class Engine(Protocol):
     description: str
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
-                **options: Any) -> Any: ...
+                deadline: float | None = None, **options: Any) -> Any: ...
 
     def execute(self, jobs: list[Any]) -> list[list[dict[str, Any]]]: ...
 
@@ -34,6 +36,10 @@ class Engine(Protocol):
     def warmup(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -49,10 +55,12 @@ class EncoderEngine:
         return self.model.name
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
-                tournament: int | None = None, **options: Any) -> Prepared:
+                deadline: float | None = None, tournament: int | None = None, **options: Any) -> Prepared:
         """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
-        A tournament's rows count against the limits: every group of every round and the final row."""
+        A tournament's rows count against the limits: every group of every round and the final row.
+        Past `deadline` (monotonic) the job stops between forward passes, as a cancelled one does."""
         prepared = self.model.prepare(states, questions, tournament=tournament)
+        prepared.cancelled = StopFlag(deadline)
         for rows, state in zip(prepared.rows, prepared.states):
             check_budgets(len(state.ids), [r.head_tokens for r in rows])
         limits.check("rows", prepared.n_rows)
@@ -67,6 +75,12 @@ class EncoderEngine:
 
     def warmup(self) -> None:
         self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
+
+    def status(self) -> dict[str, Any]:
+        return READY
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this process."""
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice
@@ -83,7 +97,7 @@ class DecideJob:
     states: list[Any]
     questions: list[Question]
     reuse_prefix: bool = True
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
 
 
 @dataclass
@@ -99,10 +113,12 @@ class DecideEngine:
         return self.model.name
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
-                reuse_prefix: bool = True, tournament: int | None = None) -> DecideJob:
-        """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)"""
+                deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None
+                ) -> DecideJob:
+        """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)
+        Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does."""
         states, parsed = self.model.prepare(states, questions, limits=limits)
-        return DecideJob(states, parsed, reuse_prefix)
+        return DecideJob(states, parsed, reuse_prefix, StopFlag(deadline))
 
     def rows(self, job: DecideJob) -> int:
         return len(job.states) * len(job.questions)
@@ -120,6 +136,12 @@ class DecideEngine:
 
     def warmup(self) -> None:
         self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
+
+    def status(self) -> dict[str, Any]:
+        return READY
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this process."""
 
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend

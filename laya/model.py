@@ -7,7 +7,6 @@ of logits is decoded with its bucket's temperature.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
 from laya.runtimes.base import Runtime
+from laya.stop import StopFlag
 from laya.tournament import DEFAULT_GROUP, Tournament, group_problem
 
 DEFAULT_MAX_BATCH_ROWS = 32
@@ -34,11 +34,11 @@ DEFAULT_MAX_BATCH_ROWS = 32
 class Prepared:
     """A request after validation and row building, before any runtime call.
 
-    `cancelled` is set when the caller went away: its rows not yet run are skipped."""
+    `cancelled` is set when the caller went away or its deadline passed: its rows not yet run are skipped."""
 
     questions: list[Question]
     rows: list[list[Row]]  # per state, one row per question answered in one row (not the tournaments)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
     tournaments: dict[str, int] = field(default_factory=dict)  # qid -> group size, for choices too large
     states: list[StateTokens] = field(default_factory=list)
     max_len: int = 0

@@ -9,13 +9,14 @@ from typing import Any
 
 from laya.errors import QuestionError
 from laya.questions import parse_questions
+from laya.stop import StopFlag
 
 
 @dataclass
 class Job:
     states: list[Any]
     questions: list[Any]
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
 
 
 class ScriptedEngine:
@@ -31,10 +32,11 @@ class ScriptedEngine:
         self.executed: list[Any] = []
         self.lock = threading.Lock()
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], **options: Any) -> Job:
+    def prepare(self, states: list[Any], questions: dict[str, Any], deadline: float | None = None,
+                **options: Any) -> Job:
         if "crash" in states:
             raise KeyError("an unexpected bug")
-        return Job(states, parse_questions(questions))
+        return Job(states, parse_questions(questions), StopFlag(deadline))
 
     def rows(self, job: Job) -> int:
         return len(job.states) * len(job.questions)
@@ -66,3 +68,9 @@ class ScriptedEngine:
 
     def describe(self) -> dict:
         return {"kind": "scripted"}
+
+    def status(self) -> dict:
+        return {"state": "ready"}
+
+    def close(self) -> None:
+        pass

@@ -57,3 +57,47 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+class SteadyLoad:
+    """`clients` threads, each posting `body` in a loop on its own keep-alive connection and honouring
+    `Retry-After` (capped at `max_wait_s`, so a test does not idle); every outcome is kept as
+    `(monotonic time, status or the exception's class name, retry-after header or None)`."""
+
+    def __init__(self, url: str, body: dict, clients: int = 4, max_wait_s: float = 2.0, timeout_s: float = 60.0,
+                 path: str = "/v1/systemone"):
+        self.url, self.body, self.path = url, body, path
+        self.max_wait_s, self.timeout_s = max_wait_s, timeout_s
+        self.outcomes: list[tuple[float, int | str, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _client(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.post(self.path, json=self.body)
+                    outcome: tuple = (time.monotonic(), r.status_code, r.headers.get("retry-after"))
+                except httpx.HTTPError as exc:
+                    outcome = (time.monotonic(), type(exc).__name__, None)
+                self.outcomes.append(outcome)
+                if outcome[1] in (429, 503) and outcome[2]:
+                    self._stop.wait(min(self.max_wait_s, float(outcome[2])))
+                elif not isinstance(outcome[1], int):
+                    self._stop.wait(0.2)
+
+    def __enter__(self) -> SteadyLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(self.timeout_s + 5)
+
+    def since(self, t0: float) -> list[tuple[float, int | str, str | None]]:
+        return [o for o in list(self.outcomes) if o[0] >= t0]
+
+    def first_ok_after(self, t0: float) -> float | None:
+        return next((o[0] for o in list(self.outcomes) if o[0] > t0 and o[1] == 200), None)

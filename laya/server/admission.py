@@ -2,13 +2,18 @@
 
 Under a flood of impatient clients the refusals themselves become the load: every 429 costs HTTP
 parsing, middleware and logging, under the same interpreter as the batcher. So a request is refused
-at the door when the server already holds `--max-concurrency` requests, or when the work queued
-would take longer than `--max-queue-ms` to drain at the measured rate (so the requests let in are
-answered within that budget rather than all of them late). The refusal is the cheapest correct
-answer: a 429 with `Retry-After` (the queue's drain time), no body read, no JSON, no access-log line
-of its own (one aggregated line per second says how many were shed). It is held up to `hold_s`
-(never longer than the `Retry-After` it announces) before it is sent: a client that retries at once
-without backing off then costs the server a sleeping coroutine, not a spin.
+at the door when the server already holds `--max-concurrency` requests, or when the work inside
+would not drain, at the measured rate, before the request's own deadline (`--request-timeout-s`, or
+the shorter one its client asked for), or past `--max-queue-ms` when the operator sets that bound.
+A request that could be answered in time is let in, however long it waits; one that could not is
+refused now rather than answered late. The refusal is the cheapest correct answer: a 429 with
+`Retry-After` (the queue's drain time), no body read, no JSON, no access-log line of its own (one
+aggregated line per second says how many were shed). It is held up to `hold_s` (never longer than
+the `Retry-After` it announces) before it is sent: a client that retries at once without backing
+off then costs the server a sleeping coroutine, not a spin.
+
+While the server drains to stop, every decision request is refused at the door with a 503 (the
+server, not the client, is the reason) and its connection closed after the answer.
 """
 
 from __future__ import annotations
@@ -34,30 +39,48 @@ class Admission:
         self.max_queue_s = max_queue_s
         self.rows_per_request = 1.0  # running mean of the rows a request brings (updated at admission)
         self.hold_s = hold_s
+        self.last_seen = 0.0  # monotonic time a request last came in or left
         self.shed_total = 0
         self._shed_since_log = 0
         self._last_log = time.monotonic()
         self._ids = itertools.count()
         self._prefix = f"shed-{os.getpid()}-"
 
-    def queued_s(self) -> float:
-        """Seconds the requests inside take to drain at the measured rate. Counted from the requests
-        inside the door, not the rows already queued: requests that arrive together are all inside
-        before any of them has been parsed."""
+    def queued_s(self, extra: int = 0) -> float:
+        """Seconds the requests inside (and `extra` more) take to drain at the measured rate. Counted
+        from the requests inside the door, not the rows already queued: requests that arrive together
+        are all inside before any of them has been parsed."""
         rate = self.rows_per_s()
-        return self.inside * self.rows_per_request / rate if rate else 0.0
+        return (self.inside + extra) * self.rows_per_request / rate if rate else 0.0
 
     def note_rows(self, rows: int) -> None:
         self.rows_per_request += 0.05 * (rows - self.rows_per_request)
 
-    def try_enter(self) -> bool:
-        if self.inside >= self.limit or (self.inside and self.queued_s() > self.max_queue_s):
+    def try_enter(self, budget_s: float = float("inf")) -> bool:
+        """Let a request in unless the server is full or it could not be answered within `budget_s`
+        (its deadline) behind the work inside; a request alone is always let in."""
+        if self.inside >= self.limit:
+            return False
+        if self.inside and (self.queued_s() > self.max_queue_s or self.queued_s(extra=1) > budget_s):
             return False
         self.inside += 1
+        self.last_seen = time.monotonic()
         return True
 
     def leave(self) -> None:
         self.inside -= 1
+        self.last_seen = time.monotonic()
+
+    async def refuse_draining(self, send, request_id: bytes | None) -> None:
+        """Answer 503 at the door while the server stops; the client closes and goes elsewhere."""
+        self.last_seen = time.monotonic()
+        body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is shutting down; '
+                b'retry after 1 s (on another instance)"}}')
+        rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                                (b"connection", b"close"), (b"x-typesafe-request-id", rid)]})
+        await send({"type": "http.response.body", "body": body})
 
     async def shed(self, send, request_id: bytes | None) -> None:
         """Answer 429 at the door."""

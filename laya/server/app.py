@@ -6,7 +6,9 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
+import signal
 import threading
 import time
 import uuid
@@ -32,6 +34,8 @@ from laya.server.openapi import BATCH_SCHEMA, REQUEST_SCHEMA
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
 REQUEST_ID = "x-typesafe-request-id"
+# A client may ask for a shorter deadline than the server's --request-timeout-s (seconds, > 0).
+TIMEOUT_HEADER = "x-laya-timeout-s"
 STATIC = Path(__file__).parent / "static"
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
 
@@ -47,7 +51,11 @@ class ServerConfig:
     max_batch_rows: int = 64
     max_pending_rows: int = 512  # rows waiting or running per model before 429
     max_concurrency: int = 64  # decision requests inside the server at once; more are shed at the door
-    max_queue_ms: float = 500.0  # shed at the door while the queued work takes longer than this to drain
+    # Shed at the door while the work inside would take longer than this to drain (None: no bound of
+    # its own; a request is shed when the queue cannot drain within its deadline).
+    max_queue_ms: float | None = None
+    request_timeout_s: float = 30.0  # a request's deadline; a client may ask for less (TIMEOUT_HEADER)
+    drain_s: float = 30.0  # on SIGTERM/SIGINT: how long what is in flight may take to finish
     shed_hold_ms: float = 1000.0  # how long a shed 429 is held before it is sent (at most its Retry-After)
     # With engines in processes of their own: the HTTP loop yields the CPU to them under contention.
     http_nice: int = 0
@@ -93,6 +101,47 @@ class Served:
     default: str | None = None
     ready: bool = False
     load_errors: list[str] = field(default_factory=list)
+    draining_since: float | None = None  # monotonic time SIGTERM/SIGINT began the drain
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
+    def begin_drain(self) -> None:
+        if self.draining_since is None:
+            self.draining_since = time.monotonic()
+            log.info("draining: new decision requests get 503, what is in flight finishes")
+
+    def unready(self) -> dict[str, dict[str, Any]]:
+        """The models that cannot answer now (an engine process restarting or down), by name."""
+        out = {}
+        for name, engine in self.engines.items():
+            status = engine.status()
+            if status.get("state") != "ready":
+                out[name] = status
+        return out
+
+
+def request_timeout(raw: str | None, config: ServerConfig) -> tuple[float, str | None]:
+    """A request's time budget in seconds and, if the client's header is unusable, why. The header
+    may only shorten the server's bound."""
+    if raw is None:
+        return config.request_timeout_s, None
+    try:
+        asked = float(raw)
+    except ValueError:
+        asked = math.nan
+    if not math.isfinite(asked) or asked <= 0:
+        return config.request_timeout_s, (f"the {TIMEOUT_HEADER} header must be a positive number of seconds, "
+                                          f"not {raw[:40]!r}")
+    return min(asked, config.request_timeout_s), None
+
+
+def timeout_error(budget_s: float, config: ServerConfig) -> ApiError:
+    which = (f"its {TIMEOUT_HEADER} header" if budget_s < config.request_timeout_s
+             else "the server's --request-timeout-s")
+    return usage_error(504, "timeout_error", f"the request was not answered within its deadline of {budget_s:g} s "
+                                             f"({which}); its remaining work was stopped")
 
 
 class RequestContext:
@@ -102,20 +151,27 @@ class RequestContext:
     Pure ASGI rather than BaseHTTPMiddleware, which wraps `receive` and hides client disconnects.
     """
 
-    def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission):
+    def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission, served: Served):
         self.app = app
         self.metrics = metrics
         self.config = config
         self.admission = admission
+        self.served = served
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if scope["path"] in SHED_ROUTES:
-            if not self.admission.try_enter():  # at the door: no body read, no parsing, no log line
+            began = time.monotonic()
+            raw = next((v for k, v in scope.get("headers", ()) if k.lower() == TIMEOUT_HEADER.encode()), None)
+            budget, _ = request_timeout(raw.decode("latin-1") if raw is not None else None, self.config)
+            if self.served.draining:  # stopping: refused at once, the connection closed after the answer
+                self.metrics.request(scope["path"], 503, 0.0)
+                return await self.admission.refuse_draining(send, _request_id(scope))
+            if not self.admission.try_enter(budget):  # at the door: no body read, no parsing, no log line
                 self.metrics.shed(scope["path"])
-                rid = next((v for k, v in scope.get("headers", ()) if k.lower() == b"x-typesafe-request-id"), None)
-                return await self.admission.shed(send, rid)
+                return await self.admission.shed(send, _request_id(scope))
+            scope.setdefault("state", {})["deadline"] = began + budget
             try:
                 return await self._handle(scope, receive, send)
             finally:
@@ -132,7 +188,10 @@ class RequestContext:
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).append(REQUEST_ID, rid)
+                headers = MutableHeaders(scope=message)
+                headers.append(REQUEST_ID, rid)
+                if self.served.draining:  # no further request on this connection: the server is stopping
+                    headers["connection"] = "close"
                 status["code"], status["started"] = message["status"], True
             await send(message)
 
@@ -161,6 +220,50 @@ class RequestContext:
             if route.startswith("/v1/systemone"):
                 access_log.info(json.dumps({"id": rid, "route": route, "status": status["code"],
                                             "ms": round(elapsed * 1000, 2), **state["log"]}))
+
+
+DRAIN_QUIET_S = 0.3  # the drain ends once nothing is inside and no request came for this long ...
+DRAIN_MIN_S = 1.0  # ... or nothing is inside and the drain has lasted this long
+
+
+def drain_on_signals(served: Served, admission: Admission, drain_s: float) -> None:
+    """SIGTERM and SIGINT begin a drain instead of a stop: decision requests get 503 with Retry-After
+    (their connections closed after it), /ready says 503, and what is in flight finishes, for at most
+    `drain_s`; then the server's own handler stops it. A second signal stops it at once."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def stop(sig: int, frame: Any) -> None:
+        handler = previous[sig]
+        if callable(handler):
+            handler(sig, frame)
+        else:
+            raise SystemExit(0)
+
+    def finish(sig: int, frame: Any) -> None:
+        began = time.monotonic()
+        while time.monotonic() - began < drain_s:
+            now = time.monotonic()
+            if admission.inside == 0 and (now - admission.last_seen >= DRAIN_QUIET_S or now - began >= DRAIN_MIN_S):
+                break
+            time.sleep(0.02)
+        left = admission.inside
+        log.info("drained in %.2f s%s; stopping", time.monotonic() - began,
+                 f" ({left} requests still in flight after --drain-s {drain_s:g})" if left else "")
+        stop(sig, frame)
+
+    def on_signal(sig: int, frame: Any) -> None:
+        if served.draining or drain_s <= 0:
+            stop(sig, frame)
+            return
+        served.begin_drain()
+        threading.Thread(target=finish, args=(sig, frame), name="laya-drain", daemon=True).start()
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+
+
+def _request_id(scope) -> bytes | None:
+    return next((v for k, v in scope.get("headers", ()) if k.lower() == REQUEST_ID.encode()), None)
 
 
 def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None,
@@ -197,6 +300,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                 except OSError as exc:
                     log.warning("could not lower the HTTP loop's CPU priority: %s", exc)
             for engine in engines:
+                metrics.engines[engine.name] = engine.status
                 # an engine that batches where it runs (a Ray Serve deployment) gets every job at once
                 kind = PassThrough if getattr(engine, "batches_where_it_runs", False) else MicroBatcher
                 batcher = kind(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
@@ -210,9 +314,13 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
 
         threading.Thread(target=load_all, name="laya-load", daemon=True).start()
+        if threading.current_thread() is threading.main_thread():  # under `laya serve` (not a test's thread)
+            drain_on_signals(served, admission, config.drain_s)
         yield
         for batcher in served.batchers.values():
             await batcher.stop()
+        for engine in served.engines.values():
+            engine.close()  # an engine process is stopped, not restarted
 
     app = FastAPI(title="laya", version="0.1.0", lifespan=lifespan,
                   description="System One decisions (`/v1/systemone`) from laya checkpoints.")
@@ -229,9 +337,10 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         return min(rates) if rates else None
 
     admission = Admission(config.max_concurrency, retry_after, hold_s=config.shed_hold_ms / 1000.0,
-                          rows_per_s=rows_per_s, max_queue_s=config.max_queue_ms / 1000.0)
+                          rows_per_s=rows_per_s,
+                          max_queue_s=math.inf if config.max_queue_ms is None else config.max_queue_ms / 1000.0)
     app.state.admission = admission
-    app.add_middleware(RequestContext, metrics=metrics, config=config, admission=admission)
+    app.add_middleware(RequestContext, metrics=metrics, config=config, admission=admission, served=served)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -278,8 +387,22 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry after "
                                                     f"{retry_after} s", {"Retry-After": str(retry_after)})
 
+    def unavailable(name: str, exc: Unavailable) -> ApiError:
+        metrics.unavailable(name)
+        return usage_error(503, "overloaded_error", f"{exc}; retry after {exc.retry_after} s",
+                           {"Retry-After": str(exc.retry_after)})
+
+    def deadline_of(request: Request) -> tuple[float, float]:
+        """The request's deadline (monotonic) and its budget in seconds; a bad header is a 400."""
+        budget, problem = request_timeout(request.headers.get(TIMEOUT_HEADER), config)
+        if problem:
+            raise usage_error(400, "invalid_request_error", problem)
+        deadline = request.scope.get("state", {}).get("deadline")
+        return (deadline if deadline is not None else time.monotonic() + budget), budget
+
     async def answer(request: Request, name: str, states: list[Any], questions: dict, **options: Any) -> list[dict]:
         engine, batcher = served.engines[name], served.batchers[name]
+        deadline, budget = deadline_of(request)
         rows = len(states) * len(questions)
         admission.note_rows(rows)
         try:  # admission in rows, before tokenising: under overload a 429 must cost next to nothing
@@ -287,10 +410,14 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         except Overloaded as exc:
             raise overloaded(str(exc), exc.retry_after) from exc
         try:
-            job = await run_in_threadpool(engine.prepare, states, questions, limits=config.limits, **options)
+            job = await run_in_threadpool(engine.prepare, states, questions, limits=config.limits,
+                                          deadline=deadline, **options)
         except QuestionError as exc:
             batcher.release(rows)
             raise question_error(exc) from exc
+        except Unavailable as exc:
+            batcher.release(rows)
+            raise unavailable(name, exc) from exc
         except BaseException:
             batcher.release(rows)
             raise
@@ -299,25 +426,31 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         batcher.resize(rows, work)
         task = asyncio.ensure_future(batcher.submit(job, work))
         while True:
-            done, _ = await asyncio.wait({task}, timeout=0.05)
+            done, _ = await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
             if done:
                 break
-            if await request.is_disconnected():  # stop its remaining forward passes / decisions
+            gone = await request.is_disconnected()
+            if gone or time.monotonic() >= deadline:  # stop its remaining forward passes / decisions
                 job.cancelled.set()
                 task.cancel()
-                request.state.log.update(disconnected=True)
-                raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
+                if gone:
+                    request.state.log.update(disconnected=True)
+                    raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
+                request.state.log.update(timed_out=True)
+                raise timeout_error(budget, config)
         try:
             results, timing = task.result()
         except Overloaded as exc:
             raise overloaded(str(exc), exc.retry_after) from exc
         except Unavailable as exc:
-            raise usage_error(503, "overloaded_error", f"{exc}; retry after {exc.retry_after} s",
-                              {"Retry-After": str(exc.retry_after)}) from exc
+            raise unavailable(name, exc) from exc
         except QuestionError as exc:
             raise question_error(exc) from exc
         except InferenceFailed as exc:
             raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
+        if len(results) != len(states) and job.cancelled.is_set():  # stopped by its deadline where it ran
+            request.state.log.update(timed_out=True)
+            raise timeout_error(budget, config)
         request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),
                                  queue_ms=round(timing.queue_ms, 2), inference_ms=round(timing.inference_ms, 2),
                                  batch_jobs=timing.batch_jobs, batch_rows=timing.batch_rows)
@@ -364,18 +497,33 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
     @app.get("/health")
     async def health():
         """Liveness, what is loaded, on which runtime and device."""
-        return {"status": "ok", "ready": served.ready, "default": served.default,
-                "models": {n: e.describe() for n, e in served.engines.items()},
+        unready = served.unready()
+        status = "draining" if served.draining else "degraded" if unready or served.load_errors else "ok"
+        return {"status": status, "ready": served.ready and not unready and not served.draining,
+                "default": served.default,
+                "models": {n: {**e.describe(), "status": e.status()} for n, e in served.engines.items()},
                 "queue_rows": {n: b.pending_rows for n, b in served.batchers.items()},
                 "load_errors": served.load_errors}
 
     @app.get("/ready")
     async def ready():
-        """200 once every model is loaded and warmed up, 503 before."""
-        if served.ready:
+        """200 while every model can answer; 503 while loading, while a model's engine process is
+        restarting or down (naming it and why), and while the server drains to stop."""
+        unready = served.unready()
+        if served.ready and not unready and not served.draining:
             return {"ready": True}
-        return JSONResponse({"ready": False, "load_errors": served.load_errors}, status_code=503,
-                            headers={"Retry-After": "1"})
+        body: dict[str, Any] = {"ready": False}
+        if served.draining:
+            body["draining"] = True
+        if not served.ready:
+            body["loading"] = not served.load_errors
+        if unready:
+            body["models"] = {n: {k: v for k, v in st.items() if k in ("state", "reason", "since")}
+                              for n, st in unready.items()}
+        if served.load_errors:
+            body["load_errors"] = served.load_errors
+        retry = max([1] + [st.get("retry_after_s", 1) for st in unready.values()])
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():

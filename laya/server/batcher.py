@@ -166,6 +166,11 @@ class MicroBatcher:
         started = time.perf_counter()
         try:
             results = await loop.run_in_executor(self._executor, self.engine.execute, [it.job for it in items])
+        except Unavailable as exc:  # the engine is down or restarting: the same answer for every job
+            for it in items:
+                if not it.future.done():
+                    it.future.set_exception(exc)
+            return
         except Exception as exc:
             if len(items) > 1:  # isolate the failure: one bad job must not fail its batch company
                 for it in items:

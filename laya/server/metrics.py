@@ -41,6 +41,8 @@ class Metrics:
         self.batch_rows = Histogram(BATCH_BUCKETS)
         self.batch_jobs = Histogram(BATCH_BUCKETS)
         self.queue_depth: dict[str, Callable[[], int]] = {}
+        self.engines: dict[str, Callable[[], dict]] = {}  # model -> its engine's status()
+        self.unavailable_by_model: dict[str, int] = defaultdict(int)
 
     def request(self, route: str, status: int, seconds: float) -> None:
         """Latency is kept per route for answered requests (2xx) and for the others apart, so the
@@ -53,6 +55,11 @@ class Metrics:
     def shed(self, route: str) -> None:
         """A request refused at the door: counted, nothing else (it must cost next to nothing)."""
         self.requests[(route, 429)] += 1
+
+    def unavailable(self, model: str) -> None:
+        """A request answered 503 because its model's engine was restarting or down."""
+        with self._lock:
+            self.unavailable_by_model[model] += 1
 
     def batch(self, jobs: int, rows: int) -> None:
         with self._lock:
@@ -82,4 +89,16 @@ class Metrics:
             lines += self.batch_rows.lines("laya_batch_rows")
             lines += ["# HELP laya_queue_depth Rows waiting or running per model.", "# TYPE laya_queue_depth gauge"]
             lines += [f'laya_queue_depth{{model="{m}"}} {depth()}' for m, depth in sorted(self.queue_depth.items())]
+            statuses = {m: status() for m, status in sorted(self.engines.items())}
+            lines += ["# HELP laya_engine_up 1 while the model's engine can answer, 0 while it restarts or is down.",
+                      "# TYPE laya_engine_up gauge"]
+            lines += [f'laya_engine_up{{model="{m}"}} {int(st.get("state") == "ready")}' for m, st in statuses.items()]
+            lines += ["# HELP laya_engine_restarts_total Engine processes started again after one died.",
+                      "# TYPE laya_engine_restarts_total counter"]
+            lines += [f'laya_engine_restarts_total{{model="{m}"}} {st.get("restarts", 0)}'
+                      for m, st in statuses.items()]
+            lines += ["# HELP laya_engine_unavailable_total Requests answered 503 while their model's engine "
+                      "was restarting or down.", "# TYPE laya_engine_unavailable_total counter"]
+            lines += [f'laya_engine_unavailable_total{{model="{m}"}} {self.unavailable_by_model.get(m, 0)}'
+                      for m in statuses]
         return "\n".join(lines) + "\n"

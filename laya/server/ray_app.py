@@ -40,6 +40,7 @@ from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Timing, Unavailable
 from laya.server.remote import portable
 from laya.server.serve import KEEP_ALIVE_S, ModelSpec, ServeOptions, configure_logging, load_engine
+from laya.stop import StopFlag, after
 
 log = logging.getLogger("laya.server")
 APP_NAME = "laya"
@@ -164,11 +165,13 @@ class ModelReplica:
         return {"pid": os.getpid(), "answered": self.answered}
 
     async def answer(self, states: list[Any], questions: dict[str, Any], limits: Limits,
-                     options: dict[str, Any]) -> tuple:
+                     options: dict[str, Any], seconds_left: float | None = None) -> tuple:
         """`("ok", results, timing)` or `("error", exception)`: a refusal travels back as a value, with
-        its type and fields, rather than wrapped in Ray's task error."""
+        its type and fields, rather than wrapped in Ray's task error. Past `seconds_left` the job stops
+        between forward passes here, as in `laya serve`."""
         try:
-            job = await asyncio.to_thread(self.engine.prepare, states, questions, limits=limits, **options)
+            job = await asyncio.to_thread(self.engine.prepare, states, questions, limits=limits,
+                                          deadline=after(seconds_left), **options)
         except Exception as exc:  # noqa: BLE001 - a refusal (or a failure) goes back to the ingress
             return ("error", portable(exc))
         batcher = self._started()
@@ -202,7 +205,7 @@ class RayJob:
     limits: Limits
     options: dict[str, Any]
     n_rows: int
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
 
 
 class RayEngine:
@@ -225,9 +228,11 @@ class RayEngine:
         info = await handle.describe.remote()
         return cls(handle, info, deployment, wait_s=wait_s, retry_after_s=retry_after_s)
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits, **options: Any) -> RayJob:
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits, deadline: float | None = None,
+                **options: Any) -> RayJob:
         """(Validated and counted against the limits in the replica, as `laya serve` does in its engine.)"""
-        return RayJob(states, questions, limits, options, n_rows=len(states) * len(questions))
+        return RayJob(states, questions, limits, options, n_rows=len(states) * len(questions),
+                      cancelled=StopFlag(deadline))
 
     def rows(self, job: RayJob) -> int:
         return job.n_rows
@@ -238,13 +243,22 @@ class RayEngine:
     def describe(self) -> dict[str, Any]:
         return {**self._describe, "ray": {"deployment": self.deployment, "app": APP_NAME}}
 
+    def status(self) -> dict[str, Any]:
+        """Serve keeps the replicas (health checks, restarts); a request finding none gets its 503."""
+        return {"state": "ready"}
+
+    def close(self) -> None:
+        """The replicas are Serve's to stop."""
+
     async def submit(self, job: RayJob) -> tuple[list[dict[str, Any]], Timing]:
         """The job's answers from one replica. A replica that dies (or cannot be reached) under it:
         once more, on another replica (Serve's router drops a dead replica at once). None answering
         within `wait_s`: `Unavailable` (a 503 with Retry-After), never a hang."""
         deadline = time.monotonic() + self.wait_s
         for attempt in (1, 2):
-            response = self.handle.answer.remote(job.states, job.questions, job.limits, job.options)
+            # the request's own deadline crosses as the seconds it has left (another host's clock is not ours)
+            response = self.handle.answer.remote(job.states, job.questions, job.limits, job.options,
+                                                 job.cancelled.remaining())
             try:
                 reply = await asyncio.wait_for(_result(response), max(0.1, deadline - time.monotonic()))
             except asyncio.CancelledError:
@@ -305,14 +319,18 @@ def application(config: RayAppConfig) -> Any:
     for m in config.models:
         scaling: dict[str, Any] = ({"autoscaling_config": m.autoscaling} if m.autoscaling
                                    else {"num_replicas": m.num_replicas})
+        # Serve's drain is laya serve's: a replica being stopped takes no new request and finishes
+        # what it holds for at most --drain-s before it is killed.
         handles.append(ModelReplica.options(
             name=m.deployment, max_ongoing_requests=m.max_ongoing_requests,
+            graceful_shutdown_timeout_s=config.server.drain_s,
             ray_actor_options={"num_cpus": m.num_cpus if m.num_cpus is not None else m.threads},
             **scaling).bind(m))
     # The ingress takes every request so the app's own admission decides (429 at the door), rather
     # than Serve's proxy queueing them out of sight.
     ingress = Ingress.options(num_replicas=config.ingress_replicas,
-                              max_ongoing_requests=max(256, 4 * config.server.max_concurrency))
+                              max_ongoing_requests=max(256, 4 * config.server.max_concurrency),
+                              graceful_shutdown_timeout_s=config.server.drain_s)
     return ingress.bind(config, handles)
 
 

@@ -153,6 +153,7 @@ def app_from_env():
     """Factory for multi-worker uvicorn: each worker process rebuilds the app from the options file
     the parent wrote (readable only by this user). A worker whose models fail to load records the
     error there and stops the whole server, as one process does."""
+    configure_logging()
     path = Path(os.environ[CONFIG_ENV])
     raw = json.loads(path.read_text(encoding="utf-8"))
     options = ServeOptions(**{**raw, "models": [ModelSpec(**m) for m in raw["models"]],
@@ -193,6 +194,49 @@ def warm_caches(options: ServeOptions) -> None:
     gc.collect()
 
 
+CLOSE_S = 5  # after the drain: how long uvicorn waits for connections to close before it cancels them
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the signal that stopped it once it has stopped: the drain
+        (laya.server.app.drain_on_signals) ends in a clean stop, so `laya serve` exits 0."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            else:
+                self.should_exit = True
+
+    return Server
+
+
+def _supervise(config: Any) -> None:
+    """uvicorn's multi-worker supervisor (it starts a worker again when one dies), which on SIGTERM or
+    SIGINT also lets go of the listening socket once it has told the workers to drain: the socket then
+    closes with the last draining worker, so a client that connects after that is refused at once
+    instead of waiting in a backlog nobody accepts from and being reset when the supervisor exits."""
+    import inspect
+
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def terminate_all(self) -> None:
+            super().terminate_all()
+            for sock in self.sockets:
+                sock.close()
+
+    sock = config.bind_socket()
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
+        import uvicorn
+
+        Supervisor(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+    else:
+        Supervisor(config, sockets=[sock]).run()
+
+
 def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     import uvicorn
 
@@ -205,8 +249,12 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(asdict(options), handle)
             os.environ[CONFIG_ENV] = str(path)
-            uvicorn.run("laya.server.serve:app_from_env", factory=True, host=host, port=port, workers=workers,
-                        log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG)
+            # each worker drains on SIGTERM/SIGINT as one process does (the supervisor forwards the signal
+            # and waits for them); a worker that dies is started again by the supervisor
+            config = uvicorn.Config("laya.server.serve:app_from_env", factory=True, host=host, port=port,
+                                    workers=workers, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S,
+                                    backlog=BACKLOG, timeout_graceful_shutdown=CLOSE_S)
+            _supervise(config)
             failed = Path(private) / LOAD_ERROR
             if failed.exists():
                 raise LayaError(f"could not load the models: {failed.read_text(encoding='utf-8')}")
@@ -218,8 +266,9 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
                 server.should_exit = True
 
         app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                               timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG))
+        server = _server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
+                                                timeout_graceful_shutdown=CLOSE_S))
         server.run()
         if app.state.served.load_errors:
             raise LayaError(f"could not load the models: {'; '.join(app.state.served.load_errors)}")

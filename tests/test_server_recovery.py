@@ -1,0 +1,221 @@
+"""A server that survives its engines: a dead engine process makes its model unready at once, its
+requests get 503 with Retry-After while it restarts, requests caught in flight are run again on the
+new process, a model that keeps dying stays down while the others serve; each request has a
+deadline (504 past it, its work stopped), and the door sheds by that deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from fake_engine import ScriptedEngine
+from live_server import LiveServer, SteadyLoad
+
+from laya.server.app import TIMEOUT_HEADER, ServerConfig, create_app
+from laya.server.remote import RemoteEngine, RestartPolicy
+
+URGENT = {"type": "noul", "instructions": "Urgent?"}
+BODY = {"state": "charged twice", "questions": {"u": URGENT}}
+FAST = RestartPolicy(backoff_s=(0.1, 0.2, 0.4), max_deaths=3, window_s=60.0)
+
+
+def scripted_remote(delay: float = 0.0, policy: RestartPolicy = FAST) -> RemoteEngine:
+    return RemoteEngine(functools.partial(ScriptedEngine, name="remote", delay=delay), policy=policy)
+
+
+def wait_until(check, seconds: float, step: float = 0.05):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"not within {seconds} s")
+
+
+def post(url: str, body: dict = BODY, model: str | None = None, **kwargs) -> httpx.Response:
+    return httpx.post(url + "/v1/systemone", json={**body, **({"model": model} if model else {})}, timeout=60,
+                      **kwargs)
+
+
+def ready(url: str) -> bool:
+    return httpx.get(url + "/ready", timeout=5).status_code == 200
+
+
+def metric(url: str, line_start: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+    assert values, (line_start, text[-2000:])
+    return values[0]
+
+
+@pytest.fixture
+def two_models():
+    """A model whose engine runs in its own process (scripted, supervised) and one in this process."""
+    remote = scripted_remote()
+    with LiveServer(create_app(lambda: [remote, ScriptedEngine("local")], ServerConfig(max_wait_ms=1))) as live:
+        yield live, remote
+    remote.close()
+
+
+def test_a_killed_engine_process_is_unready_at_once_answers_503_and_comes_back(two_models):
+    live, remote = two_models
+    assert post(live.url).status_code == 200
+    old = remote.pid
+    os.kill(old, signal.SIGKILL)
+    # unready at once: the pipe's end tells, no request has to fail first
+    body = wait_until(lambda: (r := httpx.get(live.url + "/ready")).status_code == 503 and r.json(), 2.0)
+    assert body["models"]["remote"]["state"] == "restarting" and "SIGKILL" in body["models"]["remote"]["reason"]
+    during = post(live.url)
+    if during.status_code == 503:  # (unless the new process is already up)
+        assert int(during.headers["retry-after"]) >= 1 and "SIGKILL" in during.json()["detail"]["message"]
+        assert during.json()["detail"]["error_type"] == "overloaded_error"
+    else:
+        assert during.status_code == 200
+    assert post(live.url, model="local").status_code == 200  # the other model serves meanwhile
+    wait_until(lambda: ready(live.url), 20.0)
+    r = post(live.url)
+    assert r.status_code == 200 and r.json()["answers"]["u"]["noul"] == 0.5
+    health = httpx.get(live.url + "/health").json()
+    status = health["models"]["remote"]["status"]
+    assert status["state"] == "ready" and status["restarts"] == 1 and status["process"] != old
+    assert status["last_death"]["pid"] == old and "SIGKILL" in status["last_death"]["reason"]
+    assert health["status"] == "ok" and health["ready"] is True
+    assert metric(live.url, 'laya_engine_restarts_total{model="remote"}') == 1
+    assert metric(live.url, 'laya_engine_up{model="remote"}') == 1
+    assert metric(live.url, 'laya_engine_unavailable_total{model="remote"}') == int(during.status_code == 503)
+
+
+def test_a_request_in_flight_when_its_process_dies_is_run_again_on_the_new_one():
+    remote = scripted_remote(delay=0.6)
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        result: dict = {}
+        asker = threading.Thread(target=lambda: result.update(r=httpx.post(
+            live.url + "/v1/systemone/batch", json={"states": ["a", "b"], "questions": {"u": URGENT}}, timeout=60)))
+        asker.start()
+        time.sleep(0.3)  # inside the first state's 0.6 s
+        os.kill(remote.pid, signal.SIGKILL)
+        asker.join(60)
+        r = result["r"]
+        assert r.status_code == 200, r.text
+        assert [x["answers"]["u"]["noul"] for x in r.json()["results"]] == [0.5, 0.5]
+        assert remote.restarts == 1
+        assert metric(live.url, 'laya_engine_unavailable_total{model="remote"}') == 0
+    remote.close()
+
+
+def test_a_model_that_keeps_dying_stays_down_and_the_others_serve(two_models):
+    live, remote = two_models
+    for _ in range(FAST.max_deaths):
+        wait_until(lambda: remote.state == "ready", 20.0)
+        os.kill(remote.pid, signal.SIGKILL)
+        wait_until(lambda: remote.state != "ready", 2.0)
+    time.sleep(1.0)  # no restart comes
+    assert remote.state == "down"
+    body = httpx.get(live.url + "/ready").json()
+    assert body["models"]["remote"]["state"] == "down"
+    assert f"died {FAST.max_deaths} times" in body["models"]["remote"]["reason"]
+    r = post(live.url)
+    assert r.status_code == 503 and r.headers["retry-after"] == "60" and "stays down" in r.json()["detail"]["message"]
+    assert post(live.url, model="local").status_code == 200
+    health = httpx.get(live.url + "/health").json()
+    assert health["status"] == "degraded" and health["models"]["remote"]["status"]["state"] == "down"
+    assert metric(live.url, 'laya_engine_up{model="remote"}') == 0
+    assert metric(live.url, 'laya_engine_restarts_total{model="remote"}') == FAST.max_deaths - 1
+    assert metric(live.url, 'laya_engine_unavailable_total{model="remote"}') >= 1
+
+
+# --------------------------------------------------------------------------------------------- deadlines
+
+
+def test_a_request_past_its_deadline_gets_504_and_its_work_stops():
+    engine = ScriptedEngine(delay=0.1)
+    with LiveServer(create_app(lambda: [engine], ServerConfig(max_wait_ms=1))) as live:
+        states = [f"s{i}" for i in range(40)]  # 4 s of work
+        started = time.monotonic()
+        r = httpx.post(live.url + "/v1/systemone/batch", json={"states": states, "questions": {"u": URGENT}},
+                       headers={TIMEOUT_HEADER: "0.5"}, timeout=30)
+        took = time.monotonic() - started
+        assert r.status_code == 504, r.text
+        detail = r.json()["detail"]
+        assert detail["error_type"] == "timeout_error" and TIMEOUT_HEADER in detail["message"]
+        assert "0.5 s" in detail["message"]
+        assert took < 2.0  # answered at its deadline, not when the 4 s of work would have ended
+        time.sleep(0.3)
+        done = len(engine.executed)
+        assert done < len(states) // 2, done  # its work stopped between states
+        r = post(live.url, {"state": "next", "questions": {"u": URGENT}})
+        assert r.status_code == 200 and engine.executed[-1] == "next"  # the engine is free right after
+        assert len(engine.executed) == done + 1
+
+
+def test_the_server_deadline_and_a_bad_deadline_header():
+    engine = ScriptedEngine(delay=0.2)
+    with LiveServer(create_app(lambda: [engine], ServerConfig(max_wait_ms=1, request_timeout_s=0.5))) as live:
+        r = httpx.post(live.url + "/v1/systemone/batch",
+                       json={"states": ["a"] * 10, "questions": {"u": URGENT}}, timeout=30)
+        assert r.status_code == 504 and "--request-timeout-s" in r.json()["detail"]["message"]
+        # a client may only shorten the server's bound: a longer ask is held to 0.5 s
+        r = httpx.post(live.url + "/v1/systemone/batch", json={"states": ["a"] * 10, "questions": {"u": URGENT}},
+                       headers={TIMEOUT_HEADER: "100"}, timeout=30)
+        assert r.status_code == 504 and "--request-timeout-s" in r.json()["detail"]["message"]
+        for bad in ("soon", "-1", "0", "nan", "inf"):
+            r = post(live.url, headers={TIMEOUT_HEADER: bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert TIMEOUT_HEADER in r.json()["detail"]["message"]
+        assert post(live.url).status_code == 200
+
+
+def test_a_deadline_stops_the_work_in_an_engine_process():
+    remote = scripted_remote(delay=0.1)
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        r = httpx.post(live.url + "/v1/systemone/batch", json={"states": ["a"] * 40, "questions": {"u": URGENT}},
+                       headers={TIMEOUT_HEADER: "0.4"}, timeout=30)
+        assert r.status_code == 504
+        started = time.monotonic()
+        r = post(live.url)
+        # the 4 s job stopped in the engine process: the next request does not wait for it
+        assert r.status_code == 200 and time.monotonic() - started < 2.0
+    remote.close()
+
+
+def test_the_door_sheds_what_could_not_be_answered_within_its_deadline():
+    engine = ScriptedEngine(delay=0.2)
+    config = ServerConfig(max_concurrency=100, shed_hold_ms=0, max_wait_ms=1, max_batch_rows=1)
+
+    async def fire(url: str, n: int, headers: dict) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*(client.post(url + "/v1/systemone", headers=headers,
+                                                      json={"state": f"s{i}", "questions": {"u": URGENT}})
+                                          for i in range(n)))
+
+    with LiveServer(create_app(lambda: [engine], config)) as live:
+        asyncio.run(fire(live.url, 1, {}))  # measures the rate: 5 rows a second
+        tight = [r.status_code for r in asyncio.run(fire(live.url, 12, {TIMEOUT_HEADER: "0.5"}))]
+        # 12 x 0.2 s cannot all end within 0.5 s: those that could are let in and answered, the rest shed
+        assert tight.count(200) >= 1 and tight.count(429) >= 6 and set(tight) <= {200, 429}, tight
+        # with the default deadline (30 s) the same burst waits and is answered in full
+        roomy = [r.status_code for r in asyncio.run(fire(live.url, 12, {}))]
+        assert roomy == [200] * 12, roomy
+
+
+def test_steady_clients_see_only_answers_and_retry_afters_across_a_death():
+    remote = scripted_remote(delay=0.02)
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        with SteadyLoad(live.url, BODY, clients=4) as load:
+            time.sleep(0.5)
+            killed = time.monotonic()
+            os.kill(remote.pid, signal.SIGKILL)
+            wait_until(lambda: load.first_ok_after(killed + 0.05), 20.0)
+            time.sleep(0.3)
+        outcomes = load.outcomes
+    remote.close()
+    assert sum(1 for o in outcomes if o[1] == 200) > 20
+    bad = [o for o in outcomes if o[1] != 200 and not (o[1] == 503 and o[2])]
+    assert not bad, bad[:5]
