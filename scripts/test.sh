@@ -14,12 +14,21 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 . scripts/mlx-blas.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -m "not mlx" "$@"
+main=0
+.venv/bin/python -m pytest -m "not mlx" "$@" || main=$?
 # MLX in its own process, with OpenBLAS preloaded (see scripts/mlx-blas.sh). One OpenBLAS thread: the
 # reference runtime (torch) runs beside MLX there, and OpenBLAS's spinning threads slow it 10x on the
-# test models. Exit code 5 means the arguments selected no MLX test, which is fine.
-status=0
-with_mlx_blas env OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -m mlx "$@" || status=$?
-if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
-    exit "$status"
+# test models. It runs whatever the first half gave, so one failure does not hide the other half.
+# Exit code 5 means the arguments selected no test, which is fine in either half.
+mlx=0
+with_mlx_blas env OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -m mlx "$@" || mlx=$?
+for status in "$main" "$mlx"; do
+    if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
+        echo "test: failed (main half exit $main, MLX half exit $mlx)" >&2
+        exit "$status"
+    fi
+done
+if [ "$main" -eq 5 ] && [ "$mlx" -eq 5 ]; then
+    echo "test: no test ran" >&2
+    exit 5
 fi

@@ -13,7 +13,7 @@ import laya
 from laya import choice
 from laya.cli import main
 from laya.errors import RuntimeUnavailable
-from laya.gate import GateFailed
+from laya.gate import BOUNDS, GateFailed
 from laya.hardware import Cpu
 from laya.runtimes import pytorch
 
@@ -66,8 +66,8 @@ def test_bf16_answers_within_its_bound_alone_and_batched(monkeypatch, checkpoint
     batched = fast.predict_batch(states, QUESTIONS)
     for state, together in zip(states, batched):
         want, alone = flat(reference.predict(state, QUESTIONS)), flat(fast.predict(state, QUESTIONS))
-        assert np.max(np.abs(alone - want)) <= 0.02
-        assert np.max(np.abs(flat(together) - alone)) <= 0.01
+        assert np.max(np.abs(alone - want)) <= BOUNDS["bf16"].max_dp
+        assert np.max(np.abs(flat(together) - alone)) <= BOUNDS["bf16"].batch_dependence_max_dp
 
 
 def corrupt_one_weight(monkeypatch) -> None:

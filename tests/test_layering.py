@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import load_quiet
+from conftest import load_quiet, need
 
 from laya.checkpoint import load_checkpoint
 from laya.errors import CheckpointError, RuntimeUnavailable
@@ -27,7 +27,7 @@ def test_no_runtime_module_imports_the_exporters():
 
 
 def test_a_runtime_given_a_bare_checkpoint_says_how_to_get_a_bundle(checkpoint_dir):
-    pytest.importorskip("onnxruntime")
+    need("onnxruntime", "the [onnx] extra is not installed")
     from laya.runtimes.onnx import OnnxRuntime
 
     with pytest.raises(CheckpointError, match="runs an exported bundle"):
@@ -35,7 +35,7 @@ def test_a_runtime_given_a_bare_checkpoint_says_how_to_get_a_bundle(checkpoint_d
 
 
 def test_loading_exports_on_first_use_and_checks_options_first(checkpoint_dir, tmp_path):
-    pytest.importorskip("onnxruntime")
+    need("onnxruntime", "the [onnx] extra is not installed")
     with pytest.raises(RuntimeUnavailable, match="takes no option 'bogus'"):
         load_quiet(checkpoint_dir, "onnx", bogus=1, cache_dir=tmp_path)
     assert not any(tmp_path.iterdir()), "an invalid option must be refused before anything is exported"

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, predict_without_torch
+from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, need, predict_without_torch
 
-pytest.importorskip("mlx.core")
+need("mlx.core", "the [mlx] extra is not installed")
 pytestmark = pytest.mark.mlx
 
 from laya.export.mlx import export_bundle  # noqa: E402

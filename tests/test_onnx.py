@@ -6,9 +6,9 @@ import json
 import shutil
 
 import pytest
-from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, predict_without_torch
+from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, need, predict_without_torch
 
-pytest.importorskip("onnxruntime")
+need("onnxruntime", "the [onnx] extra is not installed")
 
 from laya.export.onnx import export_bundle  # noqa: E402
 

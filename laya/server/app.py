@@ -267,9 +267,11 @@ def _request_id(scope) -> bytes | None:
 
 
 def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None,
-               on_load_failure: Callable[[], None] | None = None) -> FastAPI:
+               on_load_failure: Callable[[], None] | None = None, drain_signals: bool = False) -> FastAPI:
     """`load` returns the engines to serve (the first is the default); it runs after start-up, so
-    /health and /ready answer while models load. If it fails, `on_load_failure` is called."""
+    /health and /ready answer while models load. If it fails, `on_load_failure` is called.
+    `drain_signals`: SIGTERM/SIGINT drain the server (`laya serve` owns its process; an app hosted by
+    Ray Serve or a test's thread leaves the signals to its host)."""
     config = config or ServerConfig()
     served = Served()
     metrics = Metrics()
@@ -314,7 +316,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
 
         threading.Thread(target=load_all, name="laya-load", daemon=True).start()
-        if threading.current_thread() is threading.main_thread():  # under `laya serve` (not a test's thread)
+        if drain_signals and threading.current_thread() is threading.main_thread():
             drain_on_signals(served, admission, config.drain_s)
         yield
         for batcher in served.batchers.values():

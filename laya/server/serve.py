@@ -166,7 +166,8 @@ def app_from_env():
                                               encoding="utf-8")
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops every worker and exits
 
-    app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop_everything)
+    app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop_everything,
+                     drain_signals=True)
     return app
 
 
@@ -265,7 +266,8 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, work
             if server is not None:
                 server.should_exit = True
 
-        app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop)
+        app = create_app(lambda: load_engines(options), server_config(options), on_load_failure=stop,
+                         drain_signals=True)
         server = _server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                 timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
                                                 timeout_graceful_shutdown=CLOSE_S))
