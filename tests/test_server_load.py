@@ -129,7 +129,8 @@ def test_abandoned_running_work_stops_between_steps():
         waited = time.monotonic() - started
     ran = [s for s in engine.executed if s in states]
     assert len(ran) < 8, ran
-    assert waited < 1.5, f"the next request waited {waited:.2f} s behind abandoned work"
+    left = (len(states) - len(ran)) * engine.delay  # what the abandoned request still had to run
+    assert waited < left, f"the next request waited {waited:.2f} s behind abandoned work ({left:.1f} s of it)"
 
 
 def test_not_ready_until_loaded():
