@@ -7,18 +7,27 @@ import zlib
 import numpy as np
 
 BOS, MERGED_AB, END = 62, 61, 63
+SCRIPTED_LOW = -2.0  # the logit of every token a script does not name
 
 
 class ScriptedBackend:
     """Characters are tokens (code % 60), except that "ab" merges into one token, so a merge across
-    the prefix/suffix join can be provoked; prompts start with a BOS."""
+    the prefix/suffix join can be provoked; prompts start with a BOS.
+
+    Logits are pseudo-random, seeded by the sequence, unless `script` names the answer path (the tokens
+    after the prompt's closing `</u><a>`): `script[path]` maps tokens to logits and every other token
+    reads `SCRIPTED_LOW`, so a test knows the exact distribution after each prompt state."""
 
     n_vocab = 64
     end_tokens = [END]
 
-    def __init__(self, n_ctx: int = 400, templated: bool = True):
+    def __init__(self, n_ctx: int = 400, templated: bool = True, script: dict | None = None,
+                 end_tokens: list[int] | None = None):
         self.n_ctx = n_ctx
         self.templated = templated
+        self.script = script or {}
+        if end_tokens is not None:
+            self.end_tokens = list(end_tokens)
         self.seq: list[int] = []
         self.prefill_calls: list[list[int]] = []
 
@@ -43,7 +52,21 @@ class ScriptedBackend:
         self.prefill_calls.append(list(tokens))
         self.seq = self.seq + list(tokens)
 
+    def answer_path(self) -> tuple[int, ...] | None:
+        """The tokens after the last `</u><a>` of the sequence (None before any)."""
+        close = self.tokenize("</u><a>")
+        for start in range(len(self.seq) - len(close), -1, -1):
+            if self.seq[start : start + len(close)] == close:
+                return tuple(self.seq[start + len(close) :])
+        return None
+
     def last_logits(self) -> np.ndarray:
+        path = self.answer_path() if self.script else None
+        if path is not None and path in self.script:
+            row = np.full(self.n_vocab, SCRIPTED_LOW, dtype=np.float32)
+            for token, logit in self.script[path].items():
+                row[token] = logit
+            return row
         seed = zlib.crc32(bytes(t % 256 for t in self.seq) + len(self.seq).to_bytes(4, "little"))
         return (3.0 * np.random.default_rng(seed).standard_normal(self.n_vocab)).astype(np.float32)
 

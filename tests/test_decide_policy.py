@@ -218,3 +218,107 @@ def test_the_tree_leaves_the_kept_prefix_exact():
     again, report = decider.decide("the state. ", "question one?", ["xa", "xb", "y"])
     assert report.reused_tokens > 0
     np.testing.assert_array_equal(first.logp, again.logp)
+
+
+# A scripted tree: known logits after each answer path, labels colliding at two levels, so reading
+# them takes three levels and at least two expansions, each from the prompt state.
+X, Y, Z, P, Q, R, S = (ord(c) % 60 for c in "xyzpqrs")
+END2 = 60  # a second end-of-answer token: a label that ends reads both
+SCRIPT = {
+    (): {X: 4.0, Y: 3.0, Z: 1.0},
+    (X,): {Q: 3.0, P: 2.5, END: 0.5},
+    (X, P): {P: 2.0, Q: 1.0, R: 0.0, END: 1.5, END2: 1.0},
+    (Y,): {R: 1.0, S: 2.0},
+}
+TREE_LABELS = ["xpp", "xpq", "xpr", "xp", "xq", "yr", "ys", "z"]
+
+
+def lp(path: tuple[int, ...], token: int) -> float:
+    """log p(token | prompt, path) from the script alone (every other token at SCRIPTED_LOW)."""
+    from scripted_backend import SCRIPTED_LOW
+
+    row = np.full(64, SCRIPTED_LOW, dtype=np.float64)
+    for t, v in SCRIPT[path].items():
+        row[t] = v
+    return float(row[token] - np.log(np.sum(np.exp(row))))
+
+
+def expected_joint() -> dict[str, float]:
+    """Every label's log-probability, step by step along its own path."""
+    x, y, xp = lp((), X), lp((), Y), lp((), X) + lp((X,), P)
+    return {"xpp": xp + lp((X, P), P), "xpq": xp + lp((X, P), Q), "xpr": xp + lp((X, P), R),
+            "xp": xp + float(np.logaddexp(lp((X, P), END), lp((X, P), END2))),
+            "xq": x + lp((X,), Q), "yr": y + lp((Y,), R), "ys": y + lp((Y,), S), "z": lp((), Z)}
+
+
+def scripted(policy: str = "off"):
+    backend = ScriptedBackend(n_ctx=4000, script=SCRIPT, end_tokens=[END, END2])
+    return backend, Decider(backend, PrefixCache(policy=policy))
+
+
+@pytest.mark.parametrize("policy", ["off", "on"])
+def test_the_tree_equals_the_joint_computed_step_by_step(policy):
+    backend, decider = scripted(policy)
+    if policy == "on":
+        decider.decide("the state. ", "an earlier question?", ["a", "b"])  # a kept prefix in play
+    scores, report = decider.decide("the state. ", "which one?", TREE_LABELS, tree_budget=8)
+    want = expected_joint()
+    np.testing.assert_allclose(scores.logp, [want[label] for label in TREE_LABELS], rtol=0, atol=1e-9)
+    assert report.levels == 3 and report.tree_passes == 3  # x, then y and xp: two restores of the prompt
+    firsts = np.exp([lp((), X), lp((), Y), lp((), Z)]).sum()
+    assert scores.outside_mass == pytest.approx(1 - firsts, abs=1e-12)
+    z = np.array([want[label] for label in TREE_LABELS])
+    np.testing.assert_allclose(scores.probabilities, np.exp(z - np.logaddexp.reduce(z)), rtol=1e-12)
+    # the expansions: each one a path prefilled on the prompt state, never on another path
+    prompt = backend.prompt_tokens("the state. which one?")
+    assert backend.prefill_calls[-3:] == [[X], [Y], [X, P]]
+    assert backend.save_state()[: len(prompt)] == tuple(prompt)
+
+
+def test_an_unexpanded_group_gets_its_mass_split_equally():
+    want = expected_joint()
+    x_then_p = lp((), X) + lp((X,), P)  # the mass of the group "xp*" (4 labels), never expanded
+    _, decider = scripted()
+    # budget 1: only "x" (it could hold the best answer) is expanded; "xq" then beats both groups left
+    scores, report = decider.decide("the state. ", "which one?", TREE_LABELS, tree_budget=1)
+    got = dict(zip(TREE_LABELS, scores.logp))
+    assert report.tree_passes == 1 and report.levels == 2
+    for label in ("xpp", "xpq", "xpr", "xp"):
+        assert got[label] == pytest.approx(x_then_p - np.log(4), abs=1e-12)
+    for label in ("yr", "ys"):
+        assert got[label] == pytest.approx(lp((), Y) - np.log(2), abs=1e-12)
+    for label in ("xq", "z"):
+        assert got[label] == pytest.approx(want[label], abs=1e-12)
+    # budget 2: the next pass goes to the group of most mass ("y*", over "xp*")
+    scores, report = decider.decide("the state. ", "which one?", TREE_LABELS, tree_budget=2)
+    got = dict(zip(TREE_LABELS, scores.logp))
+    assert lp((), Y) > x_then_p and report.tree_passes == 2
+    for label in ("yr", "ys", "xq", "z"):
+        assert got[label] == pytest.approx(want[label], abs=1e-12)
+    for label in ("xpp", "xpq", "xpr", "xp"):
+        assert got[label] == pytest.approx(x_then_p - np.log(4), abs=1e-12)
+
+
+def test_a_group_that_could_win_is_expanded_even_with_no_budget():
+    _, decider = scripted()
+    scores, report = decider.decide("the state. ", "which one?", TREE_LABELS, tree_budget=0)
+    got = dict(zip(TREE_LABELS, scores.logp))
+    assert report.tree_passes == 1  # "x" holds the largest first-token mass: it must be read
+    assert got["xq"] == pytest.approx(expected_joint()["xq"], abs=1e-12)
+    assert TREE_LABELS[int(np.argmax(scores.logp))] == "xq"
+    assert got["z"] == pytest.approx(lp((), Z), abs=1e-12)
+
+
+def test_past_max_levels_a_group_is_split_even_if_it_could_win():
+    from laya.decide.policy import collision_tree
+
+    backend, decider = scripted()
+    decider.decide("the state. ", "which one?", ["x", "y"])  # the backend now holds the prompt
+    root = log_softmax(backend.last_logits())
+    seqs = [tuple(backend.tokenize(label)) for label in ("xpp", "xpq", "yr", "ys")]
+    tree = collision_tree(backend, seqs, root, budget=8, max_levels=1)
+    xp, y = lp((), X) + lp((X,), P), lp((), Y)
+    assert tree.levels == 2 and tree.passes == 2  # "x" and "y" read, "xp" (level 3) not
+    assert xp > y + lp((Y,), S)  # "xp*" could hold the best answer: only max_levels stops it
+    np.testing.assert_allclose(tree.logp, [xp - np.log(2), xp - np.log(2), y + lp((Y,), R), y + lp((Y,), S)],
+                               rtol=0, atol=1e-12)

@@ -197,3 +197,38 @@ def test_padding_and_marker_tensors(tok):
     assert batch.marker_mask.tolist() == [[True, True, True], [True, True, False]]
     assert batch.marker_pos[1, 2] == 0
     assert batch.qtype.tolist() == [0, 2]
+
+
+BUDGETS = [(512, 192), (1024, 256)]  # the English and the multilingual checkpoints' row budgets
+STATES = ["short state", LONG * 12, ["old turn " + LONG * 6, "the newest turn"], {"message": LONG * 6}]
+
+
+@pytest.mark.parametrize(("max_len", "head_max_len"), BUDGETS, ids=["512-192", "1024-256"])
+def test_every_row_fits_max_len_over_crowded_heads(tok, max_len, head_max_len):
+    """2 to 255 described options, four kinds of state: every row is at most `max_len` tokens and is
+    `head + state + [SEP]` cut to `max_len` (upstream's rule), so it ends with its [SEP] whenever the
+    head leaves room for one; a head longer than the row loses its tail, never the markers."""
+    states = [tokenize_state(tok, s) for s in STATES]
+    longest, full_rows, past_the_row, refused = 0, 0, 0, 0
+    for n in range(2, 256):
+        question = choice({f"option {i}": f"the description of option number {i}" for i in range(n)})
+        head = build_head(tok, question, head_max_len)
+        if head.markers[-1] >= max_len:
+            with pytest.raises(QuestionError, match="option markers fit"):
+                build_row(tok, question, head, states[0], max_len)
+            refused += 1
+            continue
+        past_the_row += len(head.ids) + 1 > max_len
+        room = max(0, max_len - len(head.ids) - 1)
+        for state in states:
+            row = build_row(tok, question, head, state, max_len)
+            kept = state.ids[max(0, len(state.ids) - room):] if state.keep_end else state.ids[:room]
+            assert len(row.ids) <= max_len, (n, len(row.ids))
+            assert row.ids == (*head.ids, *kept, tok.sep_id)[:max_len], n
+            assert row.state_tokens_kept == len(kept) and row.markers == head.markers
+            if len(head.ids) + 1 <= max_len:
+                assert row.ids[-1] == tok.sep_id, n
+            longest = max(longest, len(row.ids))
+            full_rows += len(row.ids) == max_len
+    assert longest == max_len and full_rows > 100  # the budget is reached ...
+    assert past_the_row >= 1 and refused >= 1  # ... by heads that fill the row and by ones that cannot fit

@@ -7,16 +7,22 @@ mmBERT-base row budget (1,024 / 256 tokens), in Python and over HTTP.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.util
+import json
+
 import httpx
 import numpy as np
 import pytest
-from conftest import load_quiet
+from conftest import GOLDEN, load_quiet
 from laya.models import testgen
 from live_server import LiveServer
 
+from laya.encoder.rows import build_rows
 from laya.engines import EncoderEngine
 from laya.errors import QuestionError
-from laya.questions import parse_question
+from laya.questions import parse_question, parse_questions
 from laya.server.app import ServerConfig, create_app
 from laya.tournament import Tournament, groups_of
 
@@ -47,12 +53,26 @@ def test_shares_keep_the_final_odds_and_no_loser_outscores_its_winner():
                       "final_probabilities": {"o1": 0.6, "o3": 0.4}}
 
 
+WIDE_SPEC = testgen.TestCheckpointSpec(flavour="mmbert", max_len=1024, head_max_len=256, seed=5)
+WIDE = json.loads((GOLDEN / "wide.json").read_text(encoding="utf-8"))  # tests/golden/make_wide_golden.py
+
+
+def _wide_cases_module():
+    spec = importlib.util.spec_from_file_location("wide_cases", GOLDEN / "wide_cases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
-def wide(tmp_path_factory):
-    """A small generated checkpoint with the mmBERT-base row budget."""
-    folder = testgen.write_test_checkpoint(tmp_path_factory.mktemp("ck") / "wide",
-                                   testgen.TestCheckpointSpec(flavour="mmbert", max_len=1024, head_max_len=256, seed=5))
-    return load_quiet(folder)
+def wide_dir(tmp_path_factory):
+    """A small generated checkpoint with the mmBERT-base row budget (the wide goldens' checkpoint)."""
+    return testgen.write_test_checkpoint(tmp_path_factory.mktemp("ck") / "wide", WIDE_SPEC)
+
+
+@pytest.fixture(scope="module")
+def wide(wide_dir):
+    return load_quiet(wide_dir)
 
 
 def choice(n: int, described: bool = True) -> dict:
@@ -133,3 +153,68 @@ def test_the_mmbert_base_shape_answers_255_options(tmp_path_factory):
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-9)
     assert answer["choice"] == max(answer["probabilities"], key=answer["probabilities"].get)
     assert answer["x_tournament"]["groups"] == [16]
+
+
+# Upstream laya 0.4.15 on the same checkpoint (tests/golden/wide.json): heads that crowd the 1,024 / 256
+# budget, up to a head longer than the row itself (whose row upstream cuts to 1,024 tokens, losing its
+# closing [SEP]s) and a last marker at exactly position 1,023.
+
+
+@pytest.fixture(scope="module")
+def wide_cases(wide, wide_dir):
+    assert dataclasses.asdict(WIDE_SPEC) == WIDE["spec"]
+    for rel, want in WIDE["digests"].items():  # the generator still makes the checkpoint upstream answered
+        assert hashlib.sha256((wide_dir / rel).read_bytes()).hexdigest() == want, f"{rel}: regenerate wide.json"
+    cases = {c["id"]: c for c in _wide_cases_module().wide_cases(wide.tokenizer)}
+    assert list(cases) == [c["id"] for c in WIDE["cases"]]
+    digest = _wide_cases_module().input_digest
+    for golden in WIDE["cases"]:
+        assert digest(cases[golden["id"]]) == golden["input_sha256"], f"{golden['id']}: regenerate wide.json"
+    return cases
+
+
+def _ids_digest(ids) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+
+
+def test_wide_goldens_crowd_the_budget():
+    rows = [r for c in WIDE["cases"] for r in c.get("rows", [])]
+    assert sum(r["n"] == 1024 for r in rows) >= 10
+    assert any(r["markers"][-1] == 1023 for r in rows)  # the last marker on the row's last token
+    assert sum("error" in c for c in WIDE["cases"]) == 1 and WIDE["upstream"]["laya"] == "0.4.15"
+
+
+@pytest.mark.parametrize("golden", WIDE["cases"], ids=[c["id"] for c in WIDE["cases"]])
+def test_wide_rows_match_upstream(wide, wide_cases, golden):
+    case = wide_cases[golden["id"]]
+    questions = parse_questions(case["questions"])
+    if "error" in golden:  # upstream refuses markers past the row; we refuse the one row (and play a tournament)
+        with pytest.raises(QuestionError, match="option markers fit"):
+            build_rows(wide.tokenizer, case["state"], questions, wide.max_len, wide.head_max_len)
+        return
+    rows = build_rows(wide.tokenizer, case["state"], questions, wide.max_len, wide.head_max_len)
+    got = [{"n": len(r.ids), "sha256": _ids_digest(r.ids), "tail": list(r.ids[-8:]), "markers": list(r.markers)}
+           for r in rows]
+    assert got == golden["rows"]
+
+
+def test_wide_answers_match_upstream(wide, wide_cases):
+    worst = 0.0
+    for golden in WIDE["cases"]:
+        case = wide_cases[golden["id"]]
+        out = wide.predict(case["state"], case["questions"])
+        if "error" in golden:
+            for answer in out["answers"].values():
+                assert answer["x_tournament"]["finalists"], golden["id"]
+            continue
+        assert out["usage"]["input_tokens"] == golden["usage"]["input_tokens"], golden["id"]
+        assert out["x_usage"]["state_tokens_dropped"] == golden["usage"]["state_tokens_dropped"], golden["id"]
+        for qid, want in golden["answers"].items():
+            answer = out["answers"][qid]
+            got = [1 - answer["noul"], answer["noul"]] if want["type"] == "noul" else list(
+                answer["probabilities"].values())
+            dp = float(np.max(np.abs(np.array(got) - np.array(want["p"]))))
+            worst = max(worst, dp)
+            assert dp <= 1e-5, f"{golden['id']} {qid}: max |dp| {dp:.2e}"
+            assert answer["x_act_probability"] == pytest.approx(want["act"], abs=1e-5), (golden["id"], qid)
+    print(f"\nwide goldens: max |dp| {worst:.2e}")

@@ -1,0 +1,216 @@
+"""A small mutation check: plant known bugs, one at a time, and see that a test goes red for each.
+
+    .venv/bin/python scripts/mutants.py              # every mutant, a baseline run first
+    .venv/bin/python scripts/mutants.py --list       # names, files and the tests that should catch each
+    .venv/bin/python scripts/mutants.py tree-no-restore rows-no-cut   # some of them (fnmatch patterns too)
+
+Each mutant is a snippet of one module of `laya/` (it must occur exactly once) and what replaces it.
+The script copies `laya/` into a temporary folder, plants the bug there, and runs the mutant's tests
+from this checkout with that copy first on `PYTHONPATH` (the checkout itself is never written to, so
+it is safe while others run tests from it). A mutant is `caught` when its tests fail, `survived` when
+they pass. The baseline runs every named test on an unmutated copy first: a test that fails there
+proves nothing. Exit status 1 if a mutant survived or the baseline failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the checkout
+    original: str
+    mutated: str
+    tests: tuple[str, ...]  # pytest node ids, relative to the checkout
+    what: str = ""
+
+
+POLICY = "laya/decide/policy.py"
+ROWS = "laya/encoder/rows.py"
+ADMISSION = "laya/server/admission.py"
+BATCHER = "laya/server/batcher.py"
+BODY = "laya/server/body.py"
+TEMPS = "laya/calibration/temperatures.py"
+
+TREE_TESTS = ("tests/test_decide_policy.py",)
+ROW_TESTS = ("tests/test_rows.py::test_every_row_fits_max_len_over_crowded_heads",
+             "tests/test_tournament.py::test_wide_rows_match_upstream",
+             "tests/test_tournament.py::test_wide_answers_match_upstream")
+ADMISSION_TESTS = ("tests/test_admission.py",)
+BODY_TESTS = ("tests/test_body.py",)
+TEMP_TESTS = ("tests/test_temperatures.py",)
+
+MUTANTS = [
+    # --- the six of the audit ---
+    Mutant("tree-no-restore", POLICY, "        if passes:  # the first expansion",
+           "        if False:  # the first expansion",
+           TREE_TESTS, "later expansions do not restore the prompt state"),
+    Mutant("tree-no-split", POLICY, "logp[group] = score - np.log(len(group))", "logp[group] = score",
+           TREE_TESTS, "an unexpanded group's mass is not split among its members"),
+    Mutant("rows-no-cut", ROWS, "row = (*head.ids, *kept, tok.sep_id)[:max_len]",
+           "row = (*head.ids, *kept, tok.sep_id)",
+           ROW_TESTS, "the final cut to max_len removed"),
+    Mutant("admission-size-ignored", ADMISSION, "self.rows_per_request += 0.05 * (rows - self.rows_per_request)",
+           "pass", ADMISSION_TESTS, "the queue budget ignores a request's size (note_rows does nothing)"),
+    Mutant("body-gzip-uncapped", BODY, "out = inflater.decompress(data, limit + 1)", "out = inflater.decompress(data)",
+           BODY_TESTS, "gzip inflated without a cap"),
+    Mutant("temps-buckets-choice-only", TEMPS,
+           "return self.by_bucket.get(bucket_key(qtype, n_options), self.per_type[QTYPES.index(qtype)])",
+           "return (self.by_bucket.get(bucket_key(qtype, n_options), self.per_type[QTYPES.index(qtype)])\n"
+           "                if qtype == \"choice\" else self.per_type[QTYPES.index(qtype)])",
+           TEMP_TESTS, "bucket temperatures applied to choices only"),
+    # --- collision tree ---
+    Mutant("tree-end-first-only", POLICY, "logsumexp(here[end])", "float(here[end[0]])", TREE_TESTS,
+           "a label that ends reads only the first end token"),
+    Mutant("tree-smallest-first", POLICY, "score, group, depth, path = pending.pop()",
+           "score, group, depth, path = pending.pop(0)", TREE_TESTS, "groups expanded lowest mass first"),
+    Mutant("tree-winner-not-forced", POLICY, "may_win = score >= best", "may_win = False", TREE_TESTS,
+           "a group that could hold the best answer is not always expanded"),
+    Mutant("tree-budget-off-by-one", POLICY, "not (may_win or passes < budget)", "not (may_win or passes <= budget)",
+           TREE_TESTS, "one pass more than the budget"),
+    Mutant("tree-no-max-levels", POLICY, "if depth > max_levels or", "if", TREE_TESTS, "max_levels ignored"),
+    Mutant("tree-levels-uncounted", POLICY, "levels = max(levels, depth + 1)", "levels = max(levels, depth)",
+           TREE_TESTS, "the deepest level read is under-reported"),
+    Mutant("split-no-give-back", POLICY, "return full, max(0, shared - 1)", "return full, shared", TREE_TESTS,
+           "the prefix keeps the token a merge across the join changes"),
+    Mutant("outside-mass-of-labels", POLICY, "np.exp(root[firsts]).sum()", "np.exp(logp).sum()", TREE_TESTS,
+           "outside mass counted from the labels' joint probabilities, not their first tokens"),
+    # --- rows ---
+    Mutant("rows-room-unclamped", ROWS, "room = max(0, max_len - len(head.ids) - 1)",
+           "room = max_len - len(head.ids) - 1",
+           ROW_TESTS, "no floor at 0 on the state's room"),
+    Mutant("rows-marker-at-max-len", ROWS, "fitting = sum(1 for m in head.markers if m < max_len)",
+           "fitting = sum(1 for m in head.markers if m < max_len - 1)", ROW_TESTS,
+           "a marker on the row's last token is refused"),
+    Mutant("rows-instructions-floor", ROWS, "q = q[: max(INSTRUCTIONS_FLOOR, left)]", "q = q[:left]", ROW_TESTS,
+           "no floor of 8 on the instructions"),
+    Mutant("rows-threshold", ROWS, "if left < OPTIONS_MIN_LEFT:", "if left <= OPTIONS_MIN_LEFT:", ROW_TESTS,
+           "the per-option cap starts one token early"),
+    # --- admission and the batcher's reservation ---
+    Mutant("admission-one-row", ADMISSION, "(self.inside + extra) * self.rows_per_request / rate",
+           "(self.inside + extra) / rate", ADMISSION_TESTS, "the queue counted in requests of one row"),
+    Mutant("admission-no-extra", ADMISSION, "self.queued_s(extra=1) > budget_s", "self.queued_s() > budget_s",
+           ADMISSION_TESTS, "the request's own rows left out of its deadline budget"),
+    Mutant("admission-alone-shed", ADMISSION, "if self.inside and (", "if (", ADMISSION_TESTS,
+           "a request alone can be shed"),
+    Mutant("admission-no-max-queue", ADMISSION, "self.queued_s() > self.max_queue_s or ", "", ADMISSION_TESTS,
+           "--max-queue-ms ignored"),
+    Mutant("admission-limit-off-by-one", ADMISSION, "if self.inside >= self.limit:", "if self.inside > self.limit:",
+           ADMISSION_TESTS, "one request more than --max-concurrency"),
+    Mutant("batcher-reserve-one-row", BATCHER, "self.pending_rows + rows > self.max_pending_rows:",
+           "self.pending_rows + 1 > self.max_pending_rows:", ADMISSION_TESTS,
+           "the pending-rows bound checks one row, not the request's"),
+    Mutant("batcher-reserve-counts-jobs", BATCHER, "        self.pending_rows += rows\n\n    def release",
+           "        self.pending_rows += 1\n\n    def release", ADMISSION_TESTS, "a reservation counts one row"),
+    Mutant("batcher-release-noop", BATCHER, "        self.pending_rows -= rows\n\n    def resize",
+           "        pass\n\n    def resize", ADMISSION_TESTS, "a refused request's rows are never given back"),
+    # --- body decoding ---
+    Mutant("body-zstd-uncapped", BODY, "out = reader.read(limit + 1)", "out = reader.read()", BODY_TESTS,
+           "zstd inflated without a cap"),
+    Mutant("body-cap-off-by-one", BODY, "if len(out) > limit:\n        raise _too_large(limit, \"decompresses to\")",
+           "if len(out) > limit + 1:\n        raise _too_large(limit, \"decompresses to\")", BODY_TESTS,
+           "one byte past the cap accepted"),
+    Mutant("body-deflate-raw", BODY, "wbits=47 if encoding != \"deflate\" else 15",
+           "wbits=47 if encoding != \"deflate\" else -15", BODY_TESTS,
+           "deflate bodies read as raw deflate, not the zlib format HTTP means"),
+    Mutant("body-read-uncapped", BODY, "        if len(data) > limit:\n            raise _too_large(limit, \"has\")",
+           "        pass", BODY_TESTS, "the raw body read without a cap"),
+    # --- temperatures ---
+    Mutant("temps-bucket-3-5", TEMPS, "if n_options <= 5:", "if n_options < 5:", TEMP_TESTS, "5 options in 6-10"),
+    Mutant("temps-bucket-6-10", TEMPS, "if n_options <= 10:", "if n_options < 10:", TEMP_TESTS, "10 options in 11+"),
+    Mutant("temps-type-order", TEMPS, "self.per_type[QTYPES.index(qtype)])", "self.per_type[0])", TEMP_TESTS,
+           "every type falls back to the choice temperature"),
+    Mutant("temps-unclamped-buckets", TEMPS, "by_bucket={str(k): clamp(v) for k, v in by_bucket.items()}",
+           "by_bucket={str(k): float(v) for k, v in by_bucket.items()}", TEMP_TESTS, "bucket values not clamped"),
+]
+
+
+def plant(copy: Path, mutant: Mutant) -> None:
+    path = copy / mutant.file
+    text = path.read_text(encoding="utf-8")
+    count = text.count(mutant.original)
+    if count != 1:
+        raise SystemExit(f"{mutant.name}: the snippet occurs {count} times in {mutant.file}; update the mutant")
+    path.write_text(text.replace(mutant.original, mutant.mutated), encoding="utf-8")
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], stop: bool = True, root: Path = ROOT) -> tuple[int, float, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)}
+    # run from the copy: `python -m` puts the working folder first on sys.path, ahead of PYTHONPATH
+    probe = subprocess.run([sys.executable, "-c", "import laya; print(laya.__file__)"], env=env, cwd=copy,
+                           capture_output=True, text=True, check=True)
+    if not probe.stdout.strip().startswith(str(copy)):
+        raise SystemExit(f"the copy is not the laya imported ({probe.stdout.strip()})")
+    started = time.perf_counter()
+    try:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-x"] if stop else []),
+                   *(str(root / t) for t in tests)]
+        done = subprocess.run(command,
+                              env=env, cwd=copy, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return -1, time.perf_counter() - started, "timeout"
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    failed = [f[f.find("tests/"):] if "tests/" in f else f for f in failed]  # pytest names them from the copy
+    tail = lines[-1:] or [done.stderr.strip()[-200:]]
+    return done.returncode, time.perf_counter() - started, tail[0] + "".join(f"\n{'':40}red: {f}" for f in failed)
+
+
+def fresh_copy(base: Path, name: str) -> Path:
+    copy = base / name
+    shutil.copytree(ROOT / "laya", copy / "laya", ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (fnmatch patterns); default: all")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--all-red", action="store_true", help="run every named test (no -x): list all that fail")
+    parser.add_argument("--tests", nargs="+", metavar="NODE", help="run these tests for every chosen mutant instead")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="the folder the test paths are read from (e.g. a copy holding older tests); default: here")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.names or any(fnmatch.fnmatch(m.name, p) for p in args.names)]
+    if args.list or not chosen:
+        for m in chosen or MUTANTS:
+            print(f"{m.name:28} {m.file:34} {m.what}\n{'':28} tests: {' '.join(m.tests)}")
+        return 0 if chosen else 2
+    survived = 0
+    with tempfile.TemporaryDirectory(prefix="laya-mutants-") as tmp:
+        if not args.no_baseline:
+            tests = tuple(args.tests or dict.fromkeys(t for m in chosen for t in m.tests))
+            code, seconds, tail = run_tests(fresh_copy(Path(tmp), "baseline"), tests, root=args.root)
+            print(f"{'baseline':28} {'green' if code == 0 else 'RED':9} {seconds:6.1f}s  {tail}", flush=True)
+            if code != 0:
+                print("the baseline fails: fix the tests before reading the mutants")
+                return 1
+        for m in chosen:
+            copy = fresh_copy(Path(tmp), m.name)
+            plant(copy, m)
+            code, seconds, tail = run_tests(copy, tuple(args.tests or m.tests), stop=not args.all_red, root=args.root)
+            verdict = "caught" if code in (1, -1) else "survived" if code == 0 else f"error({code})"
+            survived += verdict != "caught"
+            print(f"{m.name:28} {verdict:9} {seconds:6.1f}s  {tail}", flush=True)
+            shutil.rmtree(copy)
+    print(f"{len(chosen) - survived} of {len(chosen)} mutants caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

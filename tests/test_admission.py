@@ -1,0 +1,139 @@
+"""The door and the queue count work in rows, not requests: `Admission` (laya/server/admission.py)
+driven directly with a fixed drain rate, the micro-batcher's row reservation, and the app's wiring."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+from fake_engine import ScriptedEngine
+from live_server import LiveServer
+
+from laya.server.admission import Admission
+from laya.server.app import ServerConfig, create_app
+from laya.server.batcher import MicroBatcher, Overloaded
+
+RATE = 100.0  # rows a second, as measured by the batchers
+
+
+def door(rate: float | None = RATE, **kwargs) -> Admission:
+    return Admission(kwargs.pop("limit", 64), lambda: 1, hold_s=0.0, rows_per_s=lambda: rate, **kwargs)
+
+
+def requests_of(adm: Admission, rows: int, count: int = 200) -> Admission:
+    for _ in range(count):
+        adm.note_rows(rows)
+    return adm
+
+
+def enter_until_shed(adm: Admission, budget_s: float) -> int:
+    n = 0
+    while adm.try_enter(budget_s):
+        n += 1
+        assert n < 1000
+    return n
+
+
+def test_the_door_counts_the_rows_requests_bring():
+    adm = requests_of(door(), 50)
+    assert adm.rows_per_request == pytest.approx(50, rel=0.01)
+    assert adm.queued_s() == 0.0
+    assert adm.try_enter(1.2)  # alone
+    assert adm.queued_s() == pytest.approx(0.5, rel=0.01)  # one 50-row request at 100 rows/s
+    assert adm.queued_s(extra=1) == pytest.approx(1.0, rel=0.01)
+    assert adm.try_enter(1.2)  # it would be answered after 1.0 s: within its 1.2 s deadline
+    assert not adm.try_enter(1.2)  # 1.5 s behind the two inside: shed
+    assert adm.inside == 2 and adm.queued_s() == pytest.approx(1.0, rel=0.01)
+
+
+@pytest.mark.parametrize(("rows", "admitted"), [(1, 125), (10, 12), (50, 2), (120, 1)])
+def test_how_many_get_in_follows_the_request_size(rows, admitted):
+    """Within a 1.25 s deadline at 100 rows/s the k-th newcomer (k inside) needs (k + 1) x rows / 100
+    <= 1.25; a request alone always gets in."""
+    adm = requests_of(door(limit=1000), rows)
+    assert enter_until_shed(adm, 1.25) == admitted
+    assert admitted == max(1, math.floor(1.25 * RATE / rows))
+
+
+def test_the_mean_follows_a_mix_of_sizes():
+    adm = door()
+    for _ in range(200):
+        adm.note_rows(10)
+        adm.note_rows(90)
+    assert adm.rows_per_request == pytest.approx(50, abs=2.5)
+    adm = requests_of(adm, 4)  # the traffic changes: the door follows it
+    assert adm.rows_per_request == pytest.approx(4, rel=0.01)
+
+
+def test_the_operators_queue_bound_counts_rows_too():
+    adm = requests_of(door(max_queue_s=0.6), 50)
+    assert adm.try_enter() and adm.try_enter()  # 0.5 s inside when the second comes: within 0.6 s
+    assert not adm.try_enter()  # 1.0 s inside: past the bound, whatever the deadline
+    adm.leave()
+    assert adm.try_enter()
+
+
+def test_no_measured_rate_sheds_only_at_the_concurrency_limit():
+    adm = requests_of(door(rate=None, limit=3), 500)
+    assert adm.queued_s(extra=5) == 0.0
+    assert enter_until_shed(adm, 0.001) == 3
+    adm.leave()
+    assert adm.try_enter(0.001) and adm.inside == 3
+
+
+def test_a_request_alone_is_let_in_whatever_its_size_and_deadline():
+    adm = requests_of(door(rate=1.0, max_queue_s=0.0), 1000)
+    assert adm.try_enter(0.001)
+    assert not adm.try_enter(math.inf)
+
+
+class _Engine:
+    name = "stub"
+
+
+@pytest.fixture
+def batcher():
+    b = MicroBatcher(_Engine(), max_pending_rows=100)
+    yield b
+    b._executor.shutdown(wait=False)
+
+
+def test_the_queue_reserves_rows(batcher):
+    batcher.reserve(60)
+    batcher.drain.add(10, 1.0)  # 10 rows a second
+    with pytest.raises(Overloaded) as refused:
+        batcher.reserve(50)  # 110 rows > 100
+    assert refused.value.retry_after == 6  # 60 rows at 10 rows/s
+    assert batcher.pending_rows == 60
+    batcher.reserve(40)  # exactly 100
+    assert batcher.pending_rows == 100 and batcher.full
+    with pytest.raises(Overloaded):
+        batcher.reserve(1)
+    batcher.release(60)
+    assert batcher.pending_rows == 40 and not batcher.full
+    batcher.resize(40, 55)  # a prepared job takes more rows than it reserved (a tournament)
+    assert batcher.pending_rows == 55
+    with pytest.raises(Overloaded):
+        batcher.reserve(46)
+    batcher.reserve(45)
+    assert batcher.pending_rows == 100
+
+
+def test_a_request_alone_is_reserved_whatever_its_rows(batcher):
+    batcher.reserve(1000)
+    assert batcher.pending_rows == 1000
+    with pytest.raises(Overloaded):
+        batcher.reserve(1)
+
+
+URGENT = {"type": "noul", "instructions": "Urgent?"}
+
+
+def test_the_app_tells_the_door_each_requests_rows():
+    app = create_app(lambda: [ScriptedEngine()], ServerConfig(max_wait_ms=1))
+    body = {"states": [f"s{i}" for i in range(4)], "questions": {f"q{j}": URGENT for j in range(3)}}
+    with LiveServer(app) as live:
+        for _ in range(30):
+            assert httpx.post(live.url + "/v1/systemone/batch", json=body, timeout=30).status_code == 200
+    assert 6 < app.state.admission.rows_per_request <= 12  # a running mean of 12-row requests, from 1
