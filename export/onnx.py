@@ -2,13 +2,15 @@
 
 One graph, inputs `input_ids, attention_mask, marker_pos, marker_mask, qtype` and outputs
 `logits, act_logits`, dynamic in batch, length and marker count (exported with a batch of 2 rows so
-nothing is specialised to batch 1). The int8 variant quantises the encoder's matmuls dynamically
-and is gated against fp32 on fixed decision rows; the gate's figures go into the manifest.
+nothing is specialised to batch 1). The int8 variant quantises the encoder's matmuls (int8 weights per
+output channel, int8 activations scaled per token at run time; the first encoder layer stays fp32) and
+is gated against fp32 on fixed decision rows; the gate's figures go into the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import tempfile
 import time
@@ -21,6 +23,13 @@ from laya.checkpoint import Checkpoint
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
 GRAPH_REVISION = 4
+# Bumped whenever the int8 quantisation changes (part of the int8 cache key only). 2: per-token activation
+# scales with u8u8 integer matmuls and the first encoder layer in fp32 (1 was onnxruntime's dynamic
+# per-tensor u8s8 quantisation, whose AVX2 kernel saturates without VNNI).
+INT8_REVISION = 2
+# Encoder layers kept in fp32 in the int8 graph: the first layer is the most sensitive one on every
+# checkpoint measured (its rounding error is carried through every later layer).
+INT8_FP32_LAYERS = frozenset({0})
 INPUTS = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
 OUTPUTS = ["logits", "act_logits"]
 
@@ -94,16 +103,87 @@ def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> di
     return measure(checkpoint, fp32.forward, int8.forward, "int8", extra={"padded_batch": int8._run})
 
 
-def quantize_int8(fp32_path: Path, int8_path: Path) -> int:
-    """Dynamic int8 of the encoder's matmuls only; the decision head and act head stay fp32."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+_ENCODER_LINEAR = re.compile(r"DecisionNet/layers\.(\d+)\.")
 
-    graph = onnx.load(str(fp32_path), load_external_data=False)
-    targets = [n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
-               and any(p.key == "namespace" and "DecisionNet/layers." in p.value for p in n.metadata_props)]
-    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, nodes_to_quantize=targets,
-                     per_channel=True, extra_options={"MatMulConstBOnly": True})
+
+def _int8_targets(graph) -> list[str]:
+    """The encoder layers' MatMuls with a constant 2-D fp32 weight, outside `INT8_FP32_LAYERS`."""
+    from onnx import TensorProto
+
+    weights = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) == 2}
+    targets = []
+    for node in graph.node:
+        if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in weights:
+            continue
+        layers = [m.group(1) for p in node.metadata_props if p.key == "namespace"
+                  for m in [_ENCODER_LINEAR.search(p.value)] if m]
+        if layers and int(layers[0]) not in INT8_FP32_LAYERS:
+            targets.append(node.name)
+    return targets
+
+
+def quantize_int8(fp32_path: Path, int8_path: Path) -> int:
+    """int8 matmuls in the encoder (but its first layer); the embeddings, attention, norms, the decision
+    head and act head stay fp32. Returns the number of matmuls quantised.
+
+    Each weight is rounded once to int8 per output channel (symmetric, 127 levels). Each activation
+    row (token) is scaled by its own largest magnitude at run time (symmetric, 127 levels), so an
+    outlier token costs no other token its resolution, and padding or other rows never enter a
+    row's scale. Both are stored as uint8 around a zero point of 128 (u8u8): x86 CPUs without VNNI
+    multiply u8 by s8 in 16-bit pairs that saturate (onnxruntime's dynamic u8s8 kernels lose whole
+    products there), while the u8u8 kernels widen first. Per matmul:
+    scale = max|x| / 127 over the row; q = QuantizeLinear(x / scale, 1, 128);
+    y = MatMulIntegerToFloat(q, w_q, 1, w_scale, 128, 128) * scale."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(fp32_path), load_external_data=False)
+    graph = model.graph
+    targets = set(_int8_targets(graph))
+    weights = {t.name: t for t in graph.initializer if t.name in {n.input[1] for n in graph.node if n.name in targets}}
+    added: list = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        added.append(numpy_helper.from_array(value, name))
+        return name
+
+    one, zero_point = const("int8/one", np.array(1, np.float32)), const("int8/zero_point", np.array(128, np.uint8))
+    levels, tiny = const("int8/levels", np.array(127, np.float32)), const("int8/tiny", np.array(1e-30, np.float32))
+    last_axis = const("int8/last_axis", np.array([-1], np.int64))
+    nodes = []
+    for node in graph.node:
+        if node.name not in targets:
+            nodes.append(node)
+            continue
+        x, weight_name = node.input
+        weight = numpy_helper.to_array(weights[weight_name]).astype(np.float32)
+        w_scale = (np.maximum(np.abs(weight).max(axis=0), 1e-30) / 127).astype(np.float32)
+        w_q = (np.clip(np.round(weight / w_scale), -127, 127).astype(np.int16) + 128).astype(np.uint8)
+        p = f"int8/{node.name}"
+        w_q_name, w_scale_name = const(f"{p}/weight", w_q), const(f"{p}/weight_scale", w_scale)
+        nodes += [
+            helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/abs"),
+            helper.make_node("ReduceMax", [f"{p}/abs", last_axis], [f"{p}/absmax"], name=f"{p}/absmax", keepdims=1),
+            helper.make_node("Max", [f"{p}/absmax", tiny], [f"{p}/range"], name=f"{p}/range"),
+            helper.make_node("Div", [f"{p}/range", levels], [f"{p}/scale"], name=f"{p}/scale"),
+            helper.make_node("Div", [levels, f"{p}/range"], [f"{p}/inverse"], name=f"{p}/inverse"),
+            helper.make_node("Mul", [x, f"{p}/inverse"], [f"{p}/scaled"], name=f"{p}/scaled"),
+            helper.make_node("QuantizeLinear", [f"{p}/scaled", one, zero_point], [f"{p}/q"], name=f"{p}/q"),
+            helper.make_node("MatMulIntegerToFloat", [f"{p}/q", w_q_name, one, w_scale_name, zero_point, zero_point],
+                             [f"{p}/y"], name=f"{p}/matmul", domain="com.microsoft"),
+            helper.make_node("Mul", [f"{p}/y", f"{p}/scale"], list(node.output), name=node.name),
+        ]
+        nodes[-1].metadata_props.extend(node.metadata_props)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for n in graph.node for name in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(int8_path))
     return len(targets)
 
 
@@ -126,6 +206,8 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
             say("quantising the encoder's matmuls to int8")
             int8_path = Path(tmp) / "int8.onnx"
             manifest["int8_matmuls"] = quantize_int8(fp32_path, int8_path)
+            manifest.update(int8_revision=INT8_REVISION, int8_fp32_layers=sorted(INT8_FP32_LAYERS),
+                            int8_scheme="weights int8 per output channel, activations int8 per token (u8u8)")
             say("measuring the int8 gate against fp32")
             manifest["gate"] = measure_gate(checkpoint, fp32_path, int8_path)
             shutil.copyfile(int8_path, out / "model.onnx")
@@ -150,9 +232,11 @@ def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: P
 def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> Path:
     """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
-    exporter's graph revision."""
+    exporter's graph revision (and, for int8, the quantisation's revision)."""
     from laya.bundle import cached_export
 
     key = f"{checkpoint.fingerprint[:16]}-{precision}-r{GRAPH_REVISION}"
+    if precision == "int8":
+        key += f"q{INT8_REVISION}"  # an int8 bundle of an older quantisation is not reused
     return cached_export("onnx", key, lambda folder: export_bundle(checkpoint, folder, int8=precision == "int8",
                                                                    progress=progress), cache_dir)

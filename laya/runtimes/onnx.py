@@ -92,8 +92,10 @@ class OnnxRuntime:
         return logits[:, : batch.n_markers].astype(np.float32, copy=False), act.astype(np.float32, copy=False)
 
     def _rows_alone(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        """Dynamic int8 scales each activation tensor by its own range, padding and other rows included:
-        a padded batch would make a row's answer depend on its company. So each row runs alone, unpadded."""
+        """int8 scales each token's activations by that token's own range, so padding and other rows
+        never enter a row's scales; but a padded batch still changes the last bits of fp32 sums, which a
+        rounding to int8 can carry further. So each row runs alone, unpadded: its answer is the same
+        whatever else was asked."""
         logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
         acts = []
         for i in range(batch.size):

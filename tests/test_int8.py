@@ -1,0 +1,30 @@
+"""The int8 ONNX graph: what it quantises, and that its gate passes on the golden checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import GOLDEN, need
+
+need("onnxruntime", "the [onnx] extra is not installed")
+need("onnx", "the [export] extra is not installed")
+
+import onnx  # noqa: E402
+from laya.export.onnx import INT8_FP32_LAYERS, export_bundle  # noqa: E402
+
+from laya.checkpoint import load_checkpoint  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["modernbert", "mmbert"])
+def test_int8_gate_passes_and_the_first_layer_stays_fp32(name, tmp_path):
+    manifest = export_bundle(load_checkpoint(GOLDEN / "checkpoints" / name), tmp_path, int8=True)
+    gate = manifest["gate"]
+    assert gate["passed"], gate
+    assert gate["batch_dependence_max_dp"] == 0.0 and gate["padded_batch_max_dp"] <= 0.01
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    kinds = [n.op_type for n in graph.node]
+    assert kinds.count("MatMulIntegerToFloat") == manifest["int8_matmuls"] == 12  # 4 layers x 4, but layer 0
+    assert "DynamicQuantizeMatMul" not in kinds and "DynamicQuantizeLinear" not in kinds
+    fp32_matmuls = [p.value for n in graph.node if n.op_type == "MatMul" for p in n.metadata_props
+                    if p.key == "namespace" and "DecisionNet/layers." in p.value]
+    assert len(fp32_matmuls) == 4 * len(INT8_FP32_LAYERS)
+    assert all("DecisionNet/layers.0." in v for v in fp32_matmuls)
