@@ -520,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("format", choices=["onnx", "mlx", "coreml"], help="bundle format")
     exp.add_argument("model", help="checkpoint folder, registered name or Hub id")
     exp.add_argument("out", help="output folder")
-    exp.add_argument("--int8", action="store_true", help="onnx: dynamic int8 encoder matmuls, gated against fp32")
+    exp.add_argument("--int8", action="store_true",
+                     help="onnx: int8 encoder matmuls (per-token activations, layer 0 fp32), gated against fp32")
     exp.add_argument("--precision", choices=["fp16", "fp32"],
                      help="mlx: weight dtype; coreml: compute precision of the general program (default fp16)")
     exp.add_argument("--ane", action="store_true",
