@@ -1,5 +1,6 @@
 """The fine-tuning loop (PyTorch): soft cross-entropy over each row's options, AdamW with a cosine
-schedule, mixed precision where the device has it, a checkpoint per epoch that `--resume` continues.
+schedule, fp32 on the CPU (bf16 only when asked), mixed precision on GPUs, a checkpoint per epoch that
+`--resume` continues.
 
 The network is the reference runtime's (`laya.runtimes.pytorch.DecisionNet`), so what is trained is
 exactly what every runtime then serves.
@@ -21,7 +22,6 @@ import torch
 
 from laya.checkpoint import Checkpoint
 from laya.errors import LayaError
-from laya.hardware import cpu
 from laya.training.examples import Example, batch_of, shuffled
 
 STATE_FILE = "trainer_state.pt"
@@ -41,7 +41,7 @@ class Settings:
     holdout: float = 0.2
     seed: int = 0
     device: str = "auto"
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (fp32 on the CPU, mixed on a GPU) | fp32 | bf16 | fp16; see pick_precision
     threads: int | None = None
 
     def check(self) -> None:
@@ -86,7 +86,14 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_precision(device: torch.device, asked: str) -> torch.dtype | None:
-    """The autocast dtype (None: fp32): bf16 where the device computes it natively, fp16 on GPUs without it."""
+    """The autocast dtype (None: fp32).
+
+    `auto` is fp32 on every CPU, whatever its bf16 units (AVX512-BF16, AMX, ARM BF16): what a CPU
+    training run gives, and so every figure of its report, must not depend on which processor ran it,
+    and bf16 rounds the encoder's activations enough to change the trained weights and the act head's
+    inputs. bf16 on a CPU is a setting (`precision="bf16"`), taken as asked. On a GPU `auto` keeps
+    mixed precision (bf16 where CUDA has it, else fp16; fp16 on MPS), which is what GPUs train in.
+    """
     if asked == "fp32":
         return None
     if asked == "bf16":
@@ -97,7 +104,7 @@ def pick_precision(device: torch.device, asked: str) -> torch.dtype | None:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.bfloat16 if cpu().bf16_units else None
+    return None
 
 
 class Trainer:
