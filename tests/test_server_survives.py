@@ -134,9 +134,11 @@ def test_onnx_engine_comes_back(served, checkpoint_dir):
 
 @pytest.mark.slow
 def test_gguf_engine_comes_back_and_patient_clients_are_all_answered(served):
-    s = served("-m", f"chat={smollm2()}")
+    # a deadline past the 60 s recovery bound: requests caught by the death wait for the new process
+    # even where a shared CPU makes the chat model slow, so what is tested is recovery, not speed
+    s = served("-m", f"chat={smollm2()}", "--request-timeout-s", "120")
     outcomes = kill_engine_under_load(s, "chat", 60.0)
-    # ~0.3 s a request: 4 clients wait ~1.2 s at most, well within the 30 s deadline: no 429
+    # ~0.3 s a request: 4 clients wait ~1.2 s at most, well within the deadline: no 429
     assert not [o for o in outcomes if o[1] == 429], outcomes
 
 
