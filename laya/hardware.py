@@ -15,6 +15,11 @@ import sys
 from dataclasses import dataclass
 
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# What decides which runtime and precision is fast here: wide vectors, bf16 units (bf16), dot-product
+# int8 units (int8 matmuls of ONNX Runtime), fp16 arithmetic.
+X86_RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni",
+                      "avx512_fp16")
+ARM_RELEVANT_FLAGS = ("asimddp", "i8mm", "bf16", "feat_bf16", "sve", "fphp")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,19 @@ class Cpu:
         wanted = " or ".join(X86_BF16_FLAGS) if self.arch in ("x86_64", "amd64") else "the BF16 extension"
         return (f"this CPU ({self.model}, {self.arch}) has no bf16 arithmetic units ({wanted}): bf16 would be "
                 "emulated and run many times slower than fp32")
+
+    def describe(self) -> str:
+        """One line naming the processor and which of the flags that matter for speed it has, so that a
+        benchmark's figures can be read against the hardware that produced them."""
+        x86 = self.arch in ("x86_64", "amd64")
+        relevant = X86_RELEVANT_FLAGS if x86 else ARM_RELEVANT_FLAGS
+        have = [f for f in relevant if f in self.flags]
+        lacks = [f for f in relevant if f not in self.flags]
+        text = f"{self.model} ({self.arch}{', Apple silicon' if self.apple_silicon else ''})"
+        text += f": {' '.join(have) if have else 'none of ' + ', '.join(relevant)}"
+        if have and lacks:
+            text += f"; without {' '.join(lacks)}"
+        return text + f"; bf16 units: {self.bf16_units or 'none'}"
 
     @property
     def key(self) -> str:

@@ -12,17 +12,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import load_quiet
-from laya.models.routing_task import QUESTION, routing_lines, write_csv, write_jsonl
+from laya.models.routing_task import (
+    QUESTION,
+    app_footer_lines,
+    routing_lines,
+    write_csv,
+    write_jsonl,
+)
 from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
 
 import laya
 from laya.calibration.data import DataError, read_csv_records, read_labelled
+from laya.calibration.metrics import auroc
 from laya.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-# The routing task on the generated checkpoint: settings found to learn it in a few CPU minutes.
-TASK = dict(epochs=10, encoder_lr=3e-4, head_lr=1e-3, batch_size=8, holdout=0.4, seed=0)
+# The routing task on the generated checkpoint: settings found to learn it in a few CPU minutes. Pinned to
+# fp32 on the CPU, so the same settings train the same way on every processor (bf16 units or not) and on a
+# machine with a GPU too, and to two threads whatever the machine has: a GEMM's result depends (in the last
+# bits) on how many threads split it.
+TASK = dict(epochs=10, encoder_lr=3e-4, head_lr=1e-3, batch_size=8, holdout=0.4, seed=0, device="cpu",
+            precision="fp32", threads=2)
 LINES = 2400
+# The act head on a task of another shape (a yes/no question where a rare footer marks badly labelled
+# messages, `app_footer_lines`): a smaller checkpoint (2 layers, d 64), 1,200 training lines, 6 epochs, and
+# more held out (900 answers to fit the act head on, 900 to measure it on).
+APP_SPEC = TestCheckpointSpec(seed=3, num_layers=2, hidden_size=64, intermediate_size=64)
+APP = dict(TASK, epochs=6, holdout=0.6)
+APP_LINES = 3000
 
 
 def clean_accuracy(model, lines) -> float:
@@ -57,24 +74,64 @@ def test_a_generated_checkpoint_learns_the_task_from_chance(trained):
     assert set(held["after_groups"]) == {"choice", "choice:3-5"}
 
 
+def act_head_figures(report) -> dict:
+    """The act head's record, checked for what holds on every task: it is never a worse abstain signal than
+    the top probability it reads (untempered, fp32, on the report half), and exactly as good when it
+    falls back to it (the same ranking, so the same AUROC to the last digit)."""
+    act = report["act_head"]
+    assert act["fitted"] and act["right"] >= 5 and act["wrong"] >= 5, act
+    summary = (Path(report["out"]) / "report" / "summary.txt").read_text()
+    assert act["says"] in summary, summary  # the report says which head it is and why
+    if act["falls_back"]:
+        assert act["chosen"] == "top_probability"
+        assert act["auroc"] == act["auroc_top_probability_untempered"], act
+    else:
+        assert act["auroc"] > act["auroc_top_probability_untempered"], act
+    return act
+
+
+@pytest.fixture(scope="module")
+def app_trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    source = write_test_checkpoint(root / "source", APP_SPEC)
+    data = write_jsonl(root / "app.jsonl", app_footer_lines(APP_LINES, seed=1))
+    report = laya.train(source, data, root / "out", quiet=True, plots=False, **APP)
+    return report | {"out": str(root / "out")}
+
+
 @pytest.mark.slow
 def test_the_act_head_knows_when_the_decision_is_wrong(trained):
-    _, out, report, _ = trained
-    act = report["act_head"]
-    assert act["fitted"] and act["right"] > 0 and act["wrong"] > 0
+    source, out, report, _ = trained
+    act = act_head_figures(report | {"out": str(out)})
     assert act["auroc"] >= 0.8, act
-    assert act["auroc"] > act["auroc_top_probability"], act
     config = json.loads((out / "rl_agent_config.json").read_text())
     assert config["fine_tuned"] is True
     assert config["training"]["act_head"]["fitted_on"].endswith("decision frozen")
     assert config["training"]["act_head"]["auroc"] == act["auroc"]
     assert config["training"]["abstention_thresholds"]
     assert config["temperature"] == report["temperatures"]["temperature"]
-    # the served answer carries the trained act head: x_act_probability now varies with the input
-    model = load_quiet(out)
-    probs = [model.predict(s, QUESTION)["answers"]["team"]["x_act_probability"]
-             for s in ("refund please", "Rechnung bitte heute", "hola factura")]
-    assert max(probs) - min(probs) > 0.05
+    # the served answer carries the fitted act head: on fresh labelled messages its x_act_probability tells
+    # right answers from wrong ones as the report says, and it is not the source's (random) act head
+    fresh = routing_lines(400, seed=98)
+    states = [line["state"] for line in fresh]
+    served = [a["answers"]["team"] for a in load_quiet(out).predict_batch(states, QUESTION)]
+    right = np.array([a["choice"] == line["labels"]["team"] for a, line in zip(served, fresh)])
+    probs = np.array([a["x_act_probability"] for a in served])
+    assert auroc(probs, right) >= 0.8, auroc(probs, right)
+    before = np.array([a["answers"]["team"]["x_act_probability"]
+                       for a in load_quiet(source).predict_batch(states, QUESTION)])
+    assert np.max(np.abs(probs - before)) > 0.05
+
+
+@pytest.mark.slow
+def test_on_a_yes_no_task_with_misleading_confidence_the_act_head_is_never_worse(app_trained):
+    """The yes/no task whose rare app footer marks badly labelled messages (the model stays confident
+    there): whichever head the cross-validation keeps, it is no worse an abstain signal than the top
+    probability on the answers nothing was fitted on, and exactly as good when it falls back (two
+    options: it reads the entropy, the same order resolved where fp32 top1 rounds to 1.0)."""
+    act = act_head_figures(app_trained)
+    assert act["head"]["reads"] == "entropy", act
+    assert app_trained["heldout"]["after"]["accuracy"] >= 0.85, app_trained["heldout"]["after"]
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """`laya train` / `laya.train`: fine-tune a checkpoint on labelled decisions and write a checkpoint in the
-exact published format, with refitted temperatures and an act head that knows when it is wrong.
+exact published format, with refitted temperatures and an act head that predicts when the decision is
+wrong, at least as well as the top probability it reads (`laya.training.act`).
 
 The lines are split (seeded, by line) into a training part and a held-out part; the held-out part is
 split again: one half fits the act head and the temperatures, the other half only measures (before
@@ -96,15 +97,28 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
     """Fine-tune `model` on `data` (JSONL or CSV) into `out`; returns the report (also in out/report/)."""
     import torch
 
-    from laya.loading import load_model_checkpoint
-    from laya.training.act import fit_act_head, read_inputs
-    from laya.training.examples import check_rows
-    from laya.training.loop import Settings, Trainer
+    from laya.training.loop import Settings
 
     settings = settings or Settings()
     settings.check()
-    if settings.threads:
+    threads_before = torch.get_num_threads()
+    if settings.threads:  # for this run only: the caller's (or test session's) own count comes back after
         torch.set_num_threads(int(settings.threads))
+    try:
+        return _train(model, data, out, settings, resume, text_column, label_column, target_precision, quiet,
+                      plots)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, settings: Any, resume: bool,
+           text_column: str, label_column: str, target_precision: float, quiet: bool, plots: bool
+           ) -> dict[str, Any]:
+    from laya.loading import load_model_checkpoint
+    from laya.training.act import fit_act_head, read_inputs
+    from laya.training.examples import check_rows
+    from laya.training.loop import Trainer
+
     out = Path(out)
     epochs_dir = out / EPOCHS_DIR
     warnings_list: list[str] = []
@@ -185,7 +199,7 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
     act_record = fit_act_head(net, x, right, settings.seed)
     act_record["fitted_on"] = f"{len(fit_examples)} held-out answers ({len(fit_records)} lines), decision frozen"
     if not act_record["fitted"]:
-        warn(f"act head not fitted: {act_record['why_not']}")
+        warn(f"act head not fitted (it reads the top probability): {act_record['why_not']}")
 
     # temperatures, on the same fitting half, with the weights as saved (fp16)
     save_checkpoint(net, source, out, {})
@@ -200,6 +214,7 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
     after = measure(answers, temps, 10)
     top, correct = top_and_correct(answers, temps)
     act = np.array([s.evidence.act_probability for s in answers], dtype=float)
+    untempered = _read_top1(answers)
     fit_top, fit_correct = top_and_correct(fit_evidence, temps)
     thresholds = {}
     for key in sorted({bucket_key(s.evidence.qtype, s.evidence.n_options) for s in fit_evidence}):
@@ -232,7 +247,8 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
                      else None},
         "heldout": {"before": before["overall"], "after": after["overall"], "before_groups": before["groups"],
                     "after_groups": after["groups"]},
-        "act_head": act_record | {"auroc": auroc(act, correct), "auroc_top_probability": auroc(top, correct)},
+        "act_head": act_record | {"auroc": auroc(act, correct), "auroc_top_probability": auroc(top, correct),
+                                  "auroc_top_probability_untempered": auroc(untempered, correct)},
         "temperatures": temps.to_dict(),
         "abstention_thresholds": {"target_precision": target_precision, "by_bucket": thresholds},
         "warnings": warnings_list,
@@ -243,12 +259,30 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
         "training": {"laya_train": settings_record, "train_report": _short(report),
                      "abstention_thresholds": thresholds, "act_head": act_record | {
                          "auroc": report["act_head"]["auroc"],
-                         "auroc_top_probability": report["act_head"]["auroc_top_probability"]}},
+                         "auroc_top_probability": report["act_head"]["auroc_top_probability"],
+                         "auroc_top_probability_untempered":
+                             report["act_head"]["auroc_top_probability_untempered"]}},
     })
     _write_report(out / REPORT_DIR, report, history, act, top, correct, plots)
     for w in caught:  # the source checkpoint's own warnings (e.g. a clamped temperature), once, at the end
         warnings.warn(str(w.message), w.category, stacklevel=2)
     return report
+
+
+def _read_top1(answers: Sequence[Any]) -> np.ndarray:
+    """The untempered top probability as the act head reads it, from the final row's logits in fp32:
+    top1 (its input column -4), or where every answer has two options minus the normalised entropy,
+    the same order resolved where fp32 top1 rounds to 1.0 (`laya.training.act.plain_signal`). Its
+    top-probability fallback ranks answers exactly by this; the served top probability is tempered,
+    which for three or more options is not a monotone function of it."""
+    import torch
+
+    from laya.runtimes.pytorch import act_features
+    from laya.training.act import plain_signal
+
+    features = np.array([act_features(torch.tensor(s.evidence.readouts[-1][1], dtype=torch.float32)).double().numpy()
+                         for s in answers]).reshape(len(answers), 4)
+    return plain_signal(features)[1]
 
 
 def _curve(score: np.ndarray, correct: np.ndarray, points: int = 21) -> list[dict[str, float]]:
@@ -299,7 +333,10 @@ def summary(report: dict[str, Any]) -> str:
     act = report["act_head"]
     if act.get("auroc") is not None:
         lines.append(f"right vs wrong AUROC: act probability {act['auroc']:.3f}, top probability "
-                     f"{act['auroc_top_probability']:.3f}" + ("" if act["fitted"] else " (act head not fitted)"))
+                     f"{act['auroc_top_probability']:.3f} ({act.get('auroc_top_probability_untempered', 0.0):.3f} "
+                     "untempered)" + ("" if act["fitted"] else " (act head not fitted)"))
+    if act.get("says"):
+        lines.append(act["says"])
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
 
