@@ -229,14 +229,20 @@ def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: P
     return {**options, "bundle": cached_bundle(checkpoint, precision, cache_dir)}
 
 
+def bundle_key(checkpoint: Checkpoint, precision: str) -> str:
+    """The cache folder's name of `checkpoint`'s bundle at `precision` (an int8 bundle of an older
+    quantisation is not reused)."""
+    key = f"{checkpoint.fingerprint[:16]}-{precision}-r{GRAPH_REVISION}"
+    return key + (f"q{INT8_REVISION}" if precision == "int8" else "")
+
+
 def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> Path:
     """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
     exporter's graph revision (and, for int8, the quantisation's revision)."""
     from laya.bundle import cached_export
 
-    key = f"{checkpoint.fingerprint[:16]}-{precision}-r{GRAPH_REVISION}"
-    if precision == "int8":
-        key += f"q{INT8_REVISION}"  # an int8 bundle of an older quantisation is not reused
-    return cached_export("onnx", key, lambda folder: export_bundle(checkpoint, folder, int8=precision == "int8",
-                                                                   progress=progress), cache_dir)
+    def build(folder: Path) -> None:
+        export_bundle(checkpoint, folder, int8=precision == "int8", progress=progress)
+
+    return cached_export("onnx", bundle_key(checkpoint, precision), build, cache_dir)

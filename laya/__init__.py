@@ -57,9 +57,11 @@ def load(
     `model` is a local folder, a registered name (pinned revision and weights digest) or a Hub id
     (`subfolder`, `revision` optional). `sha256` is the weights' digest, or a map of relative paths
     to digests, checked before anything is parsed. `local_only` never contacts the Hub.
-    `runtime` defaults to `auto` for a checkpoint (the fastest faithful runtime installed here, see
-    `laya.choice`; `model.choice` says which and why) and to the bundle's own runtime for an exported
-    bundle; runtime options (`threads`, `precision`, `force`, ...) go to the runtime.
+    `runtime` defaults to `auto` for a checkpoint (the fastest faithful runtime installed here, timed
+    at the first load on this machine and remembered, see `laya.choice`; `model.choice` says which,
+    why and what it measured; `measure=False` or LAYA_AUTO_MEASURE=0 make it follow its fixed rule
+    without timing) and to the bundle's own runtime for an exported bundle; runtime options
+    (`threads`, `precision`, `force`, ...) go to the runtime.
     """
     from laya.loading import build_runtime, load_model_checkpoint
 

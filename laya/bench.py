@@ -13,13 +13,18 @@ import gc
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laya.encoder.batch import collate, padded_length
 from laya.model import Model
 
+if TYPE_CHECKING:
+    from laya.hardware import Cpu
+
 WORD = " refund"
+clock: Callable[[], float] = time.perf_counter  # what `time_rows` reads (tests put a fake clock here)
 
 
 @dataclass
@@ -104,12 +109,75 @@ def report(results: list[dict[str, Any]], say=print) -> None:
     say(f"peak resident memory of the process: {_peak_mb():.0f} MB")
 
 
-def pick_candidates(force: bool = False) -> list[str]:
-    """What `laya bench --pick` measures: every runtime and precision installed here that auto could run."""
+@dataclass
+class Timed:
+    """What `time_rows` measured: per runtime, the median seconds of each row shape, and how far it got."""
+
+    lengths: list[int]  # the row lengths asked for
+    tokens: list[int]  # the tokens of each row as built
+    medians: dict[str, list[float]]  # runtime -> median seconds per shape, in the order of `lengths`
+    repeats: int  # timed repeats done (after one warm-up)
+    planned: int  # timed repeats the budget allowed after the warm-up
+    elapsed_s: float
+    budget_s: float
+
+    @property
+    def over_budget(self) -> bool:
+        """The budget ran out before the planned repeats, or the warm-up alone spent it."""
+        return self.repeats < self.planned or self.elapsed_s > self.budget_s
+
+
+def time_rows(models: dict[str, Model], lengths: list[int], budget_s: float, max_repeats: int = 9) -> Timed:
+    """Time each model's `predict` on one question over a row of each length, interleaved (every repeat
+    runs every model on every shape, the models' order rotating), within `budget_s`.
+
+    This is auto's short measurement at first load (`laya.choice`), where `run` is `laya bench`'s long
+    one. One warm-up round, then as many timed rounds as the budget allows at the warm-up's pace (at
+    least 1, at most `max_repeats`), stopping early when a round would overrun it; medians."""
+    names = list(models)
+    if not names:
+        raise ValueError("no model to time")
+    first = models[names[0]]
+    plan = scenarios(first, lengths, [], 0)
+    for sc in plan:
+        sc.tokens = sum(len(r.ids) for r in first.prepare([sc.state], sc.questions).rows[0])
+    samples: dict[str, list[list[float]]] = {n: [[] for _ in plan] for n in names}
+
+    def one_round(rep: int, keep: bool) -> float:
+        gc.collect()
+        began = clock()
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for i, sc in enumerate(plan):
+            for name in order:
+                t0 = clock()
+                models[name].predict(sc.state, sc.questions)
+                if keep:
+                    samples[name][i].append(clock() - t0)
+        return clock() - began
+
+    start = clock()
+    round_s = one_round(0, keep=False)
+    spent = clock() - start
+    planned = max(1, min(max_repeats, int((budget_s - spent) / max(round_s, 1e-9))))
+    done = 0
+    while done < planned:
+        if done and clock() - start + round_s > budget_s:
+            break
+        round_s = one_round(done + 1, keep=True)
+        done += 1
+    return Timed(lengths=list(lengths), tokens=[sc.tokens for sc in plan],
+                 medians={n: [statistics.median(s) for s in samples[n]] for n in names}, repeats=done,
+                 planned=planned, elapsed_s=clock() - start, budget_s=budget_s)
+
+
+def pick_candidates(force: bool = False, machine: Cpu | None = None) -> list[str]:
+    """What `laya bench --pick` and auto's first-load measurement time: every runtime and precision
+    installed here that auto could run (torch first, the reference; bf16 only on a processor with
+    bf16 units, where it can pay)."""
     from laya.hardware import cpu
     from laya.runtimes.base import available_runtimes
 
-    have, machine = set(available_runtimes()), cpu()
+    have, machine = set(available_runtimes()), machine or cpu()
     out = []
     if "torch" in have:
         out.append("torch")
@@ -144,8 +212,11 @@ def store_winner(models: dict[str, Model], results: list[dict[str, Any]]) -> tup
     model = models[winner]
     name, _, precision = winner.partition(":")
     summary = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(speed.items(), key=lambda kv: -kv[1]))
+    medians = {f"{spec.partition(':')[0]} {models[spec].runtime.precision}":
+               [round(r["median_ms"], 3) for r in results if r["runtime"] == spec] for spec in speed}
     path = store_pick(model.checkpoint.fingerprint, name, {"precision": model.runtime.precision},
-                      {"summary": f"speed vs {next(iter(models))}: {summary}",
+                      {"by": "laya bench --pick", "summary": f"speed vs {next(iter(models))}: {summary}",
+                       "scenarios": list(dict.fromkeys(r["scenario"] for r in results)), "medians_ms": medians,
                        "results": [r for r in results if r["runtime"] == winner]})
     return winner, path
 

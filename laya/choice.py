@@ -1,6 +1,18 @@
 """`runtime="auto"`: the fastest runtime installed here whose answers stay within its gate, and why.
 
-The rule, in order (the first that loads wins; each refusal on the way is kept in the reason):
+At the first load of a checkpoint on a machine, auto times its faithful candidates (`laya.bench`'s
+`pick_candidates`: torch fp32, the reference, and every other runtime and precision installed here
+whose accuracy gate passes) on the rows it will serve, a short one (128 tokens) and a long one (512,
+both capped by the checkpoint's row), interleaved, within a budget (`BUDGET_S`, 20 s, or
+`LAYA_AUTO_MEASURE_BUDGET_S`), and keeps the fastest: a candidate wins only if the geometric mean of
+its medians' ratios to torch fp32 is below 1 (ties go to torch fp32), so auto is never slower than
+the reference in its own measurement. The pick is stored per checkpoint,
+processor and library versions (`store_pick`); later loads use it without timing. `laya bench --pick`
+writes the same record after a longer measurement, and auto uses it the same way.
+
+With measuring off (`LAYA_AUTO_MEASURE=0`, or `laya.load(..., measure=False)`), or where torch is
+missing, the fixed rule decides, in order (the first that loads wins; each refusal on the way is kept
+in the reason):
 1. a pick stored by `laya bench --pick` for this checkpoint on this processor (measured, not guessed);
 2. Apple silicon: the Core ML Neural Engine programs for rows that fit them and MLX fp16 for the rest;
 3. a CPU with bf16 units: torch bf16, if its accuracy gate passes on this checkpoint;
@@ -11,15 +23,19 @@ An exported bundle always runs on its own runtime.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import importlib.util
 import inspect
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +50,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("laya")
 AUTO = "auto"
 ROUTED = "coreml+mlx"
+REFERENCE = "torch fp32"  # the label of the candidate every measurement compares with
+MEASURE_ENV = "LAYA_AUTO_MEASURE"  # "0" (or false, no, off): no timing at first load, the fixed rule
+BUDGET_S = 20.0  # auto's timing at first load, warm-up included (loading the candidates is not)
+BUDGET_ENV = "LAYA_AUTO_MEASURE_BUDGET_S"  # another budget, in seconds
+ROW_LENGTHS = (128, 512)  # the short and the long row auto times, capped by the checkpoint's max_len
+MEASURED_BY = "auto"  # `measured["by"]` of a pick auto made (`laya bench --pick` writes its own name)
+# The libraries whose versions a stored pick was measured under: another version of any of them (or
+# of laya) may run at another speed, so the pick is measured again.
+VERSIONED = {"torch": ("torch",), "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-silicon"),
+             "onnx": ("onnx",), "onnxscript": ("onnxscript",), "mlx": ("mlx",), "coremltools": ("coremltools",)}
 
 
 @dataclass
@@ -56,6 +82,7 @@ class Choice:
     options: dict[str, Any]
     reason: str
     passed_over: list[str] = field(default_factory=list)
+    measured: dict[str, Any] | None = None  # the timing behind a measured pick (medians per candidate)
 
     def describe(self) -> str:
         text = f"auto chose {Candidate(self.runtime, self.options, '').label}: {self.reason}"
@@ -63,6 +90,25 @@ class Choice:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def measurement(self) -> dict[str, Any] | None:
+        """The measurement in brief, for /health and `laya info`: medians per candidate, not every row
+        of a `laya bench --pick` run."""
+        if not self.measured:
+            return None
+        return {k: v for k, v in self.measured.items() if k != "results"}
+
+    def measurement_lines(self) -> list[str]:
+        """One line per timed candidate: its medians per row shape and its ratio to torch fp32."""
+        m = self.measured or {}
+        shapes = "/".join(str(n) for n in m.get("lengths", [])) or " / ".join(m.get("scenarios", []))
+        ratios = m.get("vs_reference", {})
+        lines = []
+        for label, medians in (m.get("medians_ms") or {}).items():
+            ratio = f" ({ratios[label]:.2f}x {REFERENCE})" if label in ratios and label != REFERENCE else ""
+            lines.append(f"{label:12s} {_ms(medians)} ms on {shapes}{'-token rows' if m.get('lengths') else ''}"
+                         + ratio)
+        return lines
 
 
 def _installed(module: str) -> bool:
@@ -77,14 +123,32 @@ def pick_path(fingerprint: str, machine: Cpu) -> Path:
     return _cache_root() / "picks" / f"{fingerprint[:16]}-{machine.key}.json"
 
 
+def _dist_version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """laya's version and those of the frameworks its runtimes run on (None: not installed). A stored
+    pick is only reused under the very same versions: a new torch or ONNX Runtime changes the speeds."""
+    from laya import __version__
+
+    return {"laya": __version__, **{key: _dist_version(names) for key, names in VERSIONED.items()}}
+
+
 def store_pick(fingerprint: str, runtime: str, options: dict[str, Any], measured: dict[str, Any],
                machine: Cpu | None = None) -> Path:
-    """Write the winner of `laya bench --pick` where auto looks for it."""
+    """Write a measured winner (auto's at first load, or `laya bench --pick`'s) where auto looks for it,
+    with the library versions it was measured under."""
     machine = machine or cpu()
     path = pick_path(fingerprint, machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"runtime": runtime, "options": options, "measured": measured, "cpu": machine.model,
-              "picked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "versions": library_versions(), "picked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2, sort_keys=True)
@@ -93,12 +157,48 @@ def store_pick(fingerprint: str, runtime: str, options: dict[str, Any], measured
 
 
 def stored_pick(fingerprint: str, machine: Cpu) -> dict[str, Any] | None:
+    """The pick stored for this checkpoint and processor, if it was measured under the library versions
+    installed now (a record without versions predates them and is measured again)."""
     try:
         record = json.loads(pick_path(fingerprint, machine).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     ok = isinstance(record, dict) and isinstance(record.get("runtime"), str) and isinstance(record.get("options"), dict)
-    return record if ok else None
+    if not ok or record.get("versions") != library_versions():
+        return None
+    return record
+
+
+def _by_auto(pick: dict[str, Any]) -> bool:
+    return (pick.get("measured") or {}).get("by") == MEASURED_BY
+
+
+def _stored_candidate(pick: dict[str, Any]) -> Candidate:
+    measured = pick.get("measured") or {}
+    summary = f": {measured['summary']}" if measured.get("summary") else ""
+    if _by_auto(pick):
+        why = f"picked when auto first loaded it on this machine ({pick.get('picked_at', '?')}){summary}"
+    else:
+        why = (f"measured fastest on this machine by `laya bench --pick` ({pick.get('picked_at', '?')}"
+               + (f", {measured['summary']}" if measured.get("summary") else "") + ")")
+    return Candidate(pick["runtime"], pick["options"], why)
+
+
+def budget_s() -> float:
+    """The timing budget: `LAYA_AUTO_MEASURE_BUDGET_S` when it is a positive number, else `BUDGET_S`."""
+    try:
+        value = float(os.environ.get(BUDGET_ENV, ""))
+    except ValueError:
+        return BUDGET_S
+    return value if 0 < value < float("inf") else BUDGET_S
+
+
+def measuring(option: bool | None = None) -> bool:
+    """Whether auto times its candidates at first load: the load option if given, else
+    `LAYA_AUTO_MEASURE` (on unless 0, false, no or off)."""
+    if option is not None:
+        return bool(option)
+    return os.environ.get(MEASURE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _onnx_exportable(checkpoint: Checkpoint) -> bool:
@@ -114,14 +214,13 @@ def _onnx_exportable(checkpoint: Checkpoint) -> bool:
 
 
 def candidates(checkpoint: Checkpoint, machine: Cpu | None = None) -> list[Candidate]:
+    """The fixed rule's candidates, in order (see the module's docstring). A pick auto measured itself
+    is not among them: the rule is what runs when measuring is off."""
     machine = machine or cpu()
     out: list[Candidate] = []
     pick = stored_pick(checkpoint.fingerprint, machine)
-    if pick is not None:
-        measured = pick.get("measured") or {}
-        out.append(Candidate(pick["runtime"], pick["options"],
-                             f"measured fastest on this machine by `laya bench --pick` ({pick.get('picked_at', '?')}"
-                             + (f", {measured['summary']}" if measured.get("summary") else "") + ")"))
+    if pick is not None and not _by_auto(pick):
+        out.append(_stored_candidate(pick))
     if machine.apple_silicon:
         if _installed("coremltools") and _installed("mlx"):
             out.append(Candidate(ROUTED, {}, "Apple silicon: the Neural Engine programs for rows that fit them, "
@@ -159,18 +258,202 @@ def _accepted(runtime: str, options: dict[str, Any]) -> dict[str, Any]:
             if k in names or (k == "cache_dir" and runtime in EXPORTED_ON_FIRST_USE)}
 
 
+def measured_candidates(machine: Cpu) -> list[Candidate]:
+    """What auto times at first load: `laya bench --pick`'s candidates (torch fp32 first), and on Apple
+    silicon the route the fixed rule would try first."""
+    from laya.bench import pick_candidates
+
+    out = []
+    if machine.apple_silicon and _installed("coremltools") and _installed("mlx"):
+        out.append(Candidate(ROUTED, {}, "Apple silicon: the Neural Engine programs for rows that fit them, "
+                                         "MLX fp16 for the rest"))
+    for spec in pick_candidates(machine=machine):
+        name, _, precision = spec.partition(":")
+        out.append(Candidate(name, {"precision": precision or "fp32"}, ""))
+    out.sort(key=lambda c: c.label != REFERENCE)
+    return out
+
+
+def _int8_exported(checkpoint: Checkpoint, options: dict[str, Any]) -> bool:
+    """An int8 ONNX bundle of this checkpoint is in the cache already (auto never exports one itself)."""
+    from laya.bundle import MANIFEST
+    from laya.export.onnx import bundle_key
+
+    root = Path(options["cache_dir"]) if options.get("cache_dir") else _cache_root() / "onnx"
+    return (root / bundle_key(checkpoint, "int8") / MANIFEST).is_file()
+
+
+def row_lengths(checkpoint: Checkpoint) -> list[int]:
+    """The row shapes auto times: a short and a long row, capped by the checkpoint's row."""
+    return sorted({min(n, checkpoint.config.max_len) for n in ROW_LENGTHS})
+
+
+def _ms(medians: list[float]) -> str:
+    return " / ".join(f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" for v in medians)
+
+
+@contextlib.contextmanager
+def _one_timing_at_a_time() -> Iterator[None]:
+    """Timings on this machine take turns (server workers and engine processes loading at once would
+    otherwise share the cores and measure each other); where no lock can be taken, they just run."""
+    try:
+        import fcntl
+
+        folder = _cache_root() / "picks"
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / ".timing.lock", "a+")  # noqa: SIM115 - held across the yield
+    except (ImportError, OSError):
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build(candidate: Candidate, checkpoint: Checkpoint, options: dict[str, Any],
+           build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> Runtime:
+    if candidate.runtime == ROUTED:
+        return build_routed(checkpoint, options, build)
+    return build(candidate.runtime, checkpoint, {**_accepted(candidate.runtime, options), **candidate.options})
+
+
+def _chosen(checkpoint: Checkpoint, runtime: Runtime, choice: Choice) -> tuple[Runtime, Choice]:
+    log.info("%s: %s", checkpoint.path.name, choice.describe())
+    return runtime, choice
+
+
+def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
+                     build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], machine: Cpu,
+                     passed_over: list[str]) -> tuple[Runtime, Choice] | None:
+    """The stored pick, else the fastest faithful candidate timed now (and stored); None leaves the
+    choice to the fixed rule (no torch to measure against), with the reason in `passed_over`."""
+    from laya import bench
+    from laya.model import Model
+
+    fingerprint = checkpoint.fingerprint
+    pick = stored_pick(fingerprint, machine)
+    if pick is not None:
+        stored = _stored_candidate(pick)
+        try:
+            runtime = _build(stored, checkpoint, options, build)
+        except LayaError as exc:
+            passed_over.append(f"{stored.label}, the stored pick ({_first_line(exc)})")
+        else:
+            return _chosen(checkpoint, runtime, Choice(stored.runtime, stored.options, stored.why, passed_over,
+                                                       measured=pick.get("measured")))
+    if not _installed("torch"):
+        passed_over.append(f"timing the candidates ({REFERENCE}, the reference they are timed against, is not "
+                           "installed)")
+        return None
+    built: dict[str, tuple[Candidate, Model]] = {}
+    not_timed: dict[str, str] = {}
+    for candidate in measured_candidates(machine):
+        if candidate.runtime == "onnx" and candidate.options.get("precision") == "int8" \
+                and not _int8_exported(checkpoint, options):
+            not_timed[candidate.label] = ("not exported yet: its export and accuracy gate take minutes on a full-size "
+                                          "checkpoint; `laya bench --pick` exports, gates and times it)")
+            log.info("auto: not timing %s: %s", candidate.label, not_timed[candidate.label])
+            continue
+        try:
+            runtime = _build(candidate, checkpoint, options, build)
+        except LayaError as exc:
+            not_timed[candidate.label] = _first_line(exc)
+            log.info("auto: not timing %s: %s", candidate.label, not_timed[candidate.label])
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the checkpoint's own warnings come with the model laya.load returns
+            model = Model(checkpoint, runtime)
+        if not bench.faithful(model):
+            not_timed[candidate.label] = "its accuracy gate failed"
+            log.info("auto: not timing %s: %s", candidate.label, not_timed[candidate.label])
+            continue
+        built[candidate.label] = (candidate, model)
+    passed_over += [f"{label} ({why})" for label, why in not_timed.items()]
+    if REFERENCE not in built:
+        passed_over.append(f"timing the candidates ({REFERENCE}, the reference, did not load)")
+        return None
+    lengths = row_lengths(checkpoint)
+    shapes = "/".join(map(str, lengths))
+    measured: dict[str, Any] = {"by": MEASURED_BY, "lengths": lengths, "not_timed": not_timed}
+    winner, budget_total = REFERENCE, budget_s()
+    with _one_timing_at_a_time():
+        pick = stored_pick(fingerprint, machine)  # another process may have timed it while this one loaded
+        if pick is not None and _stored_candidate(pick).label in built:
+            stored = _stored_candidate(pick)
+            return _chosen(checkpoint, built[stored.label][1].runtime,
+                           Choice(stored.runtime, stored.options, stored.why, passed_over,
+                                  measured=pick.get("measured")))
+        if len(built) == 1:
+            measured["summary"] = (f"{REFERENCE}, the reference, is the only faithful runtime that loaded here"
+                                   + (f" (not timed: {', '.join(not_timed)})" if not_timed else ""))
+        else:
+            log.info("auto: timing %s on %s-token rows of %s (at most %g s, once per checkpoint, processor and "
+                     "library versions; %s=0 turns this off)", ", ".join(built), shapes, checkpoint.path.name,
+                     budget_total, MEASURE_ENV)
+            timed = bench.time_rows({label: model for label, (_, model) in built.items()}, lengths, budget_total)
+            medians = {label: [round(v * 1000, 3) for v in values] for label, values in timed.medians.items()}
+            reference = medians[REFERENCE]
+            ratios = {label: round(statistics.geometric_mean(
+                [max(v, 1e-9) / max(r, 1e-9) for v, r in zip(values, reference)]), 4)
+                for label, values in medians.items()}
+            for label in medians:  # strictly faster than the reference, or the reference (ties included)
+                if ratios[label] < ratios[winner]:
+                    winner = label
+            for label, values in medians.items():
+                log.info("auto: timing %s on %s-token rows ... %s ms%s", label, shapes, _ms(values),
+                         " (the reference)" if label == REFERENCE else f" ({ratios[label]:.2f}x)")
+            verdict = (f"{winner} was fastest ({ratios[winner]:.2f}x the time of {REFERENCE}, geometric mean over "
+                       f"the rows)" if winner != REFERENCE else f"none was faster than {REFERENCE}, the reference")
+            figures = ", ".join(f"{label} {_ms(values)} ms" for label, values in medians.items())
+            budget = (f"; stopped after {timed.repeats} of {timed.planned} repeats: over the {budget_total:g} s budget"
+                      if timed.repeats < timed.planned else
+                      f"; over the {budget_total:g} s budget with 1 repeat" if timed.over_budget else "")
+            measured.update({"tokens": timed.tokens, "medians_ms": medians, "vs_reference": ratios,
+                             "repeats": timed.repeats, "planned_repeats": timed.planned,
+                             "over_budget": timed.over_budget, "budget_s": budget_total,
+                             "elapsed_s": round(timed.elapsed_s, 3),
+                             "summary": f"{verdict}; medians {figures} on {shapes}-token rows, {timed.repeats} "
+                                        f"repeat{'s' if timed.repeats != 1 else ''} after a warm-up{budget}"
+                                        + (f"; not timed: {', '.join(not_timed)}" if not_timed else "")})
+            if timed.over_budget:
+                log.info("auto: %s", budget.lstrip("; "))
+        candidate, model = built[winner]
+        try:
+            path = store_pick(fingerprint, candidate.runtime, candidate.options, measured, machine)
+            log.info("auto: stored the pick (%s) in %s", winner, path)
+        except OSError as exc:  # a read-only cache costs the timing again at the next load
+            log.warning("auto: could not store the pick: %s", exc)
+    reason = f"picked at this first load on this machine: {measured['summary']}"
+    return _chosen(checkpoint, model.runtime, Choice(candidate.runtime, candidate.options, reason, passed_over,
+                                                     measured=measured))
+
+
 def choose(checkpoint: Checkpoint, options: dict[str, Any],
            build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> tuple[Runtime, Choice]:
-    """The first candidate that loads (gates included), and the choice with its reason."""
+    """The stored or measured pick (see the module's docstring), else the first candidate of the fixed
+    rule that loads (gates included), and the choice with its reason."""
+    options = dict(options)
+    measure = options.pop("measure", None)
+    if measure is not None and not isinstance(measure, bool):
+        raise RuntimeUnavailable(f"measure takes True or False, not {measure!r}")
     for fixed in ("precision", "force", "executor", "bundle"):
         if fixed in options:
             raise RuntimeUnavailable(f"runtime='auto' chooses the runtime and its precision itself; to set "
                                      f"{fixed!r}, name a runtime (e.g. runtime='torch', precision='bf16')")
     unknown = sorted(set(options) - {"threads", "cache_dir", "compact"})
     if unknown:
-        raise RuntimeUnavailable(f"runtime='auto' takes threads, cache_dir and compact; not {', '.join(unknown)}")
+        raise RuntimeUnavailable(f"runtime='auto' takes threads, cache_dir, compact and measure; not "
+                                 f"{', '.join(unknown)}")
     passed_over: list[str] = []
-    found = candidates(checkpoint)
+    machine = cpu()
+    if measuring(measure) and not options.get("compact"):  # compact prompts: the Neural Engine, by rule
+        done = _measured_choice(checkpoint, options, build, machine, passed_over)
+        if done is not None:
+            return done
+    found = candidates(checkpoint, machine)
     if options.get("compact"):  # compact prompts exist for the Neural Engine programs only
         found = [c for c in found if c.runtime in ("coreml", ROUTED)]
         if not found:
@@ -179,17 +462,11 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
                                      "runtime='coreml' to use them, or drop compact")
     for candidate in found:
         try:
-            if candidate.runtime == ROUTED:
-                runtime = build_routed(checkpoint, options, build)
-            else:
-                runtime = build(candidate.runtime, checkpoint, {**_accepted(candidate.runtime, options),
-                                                                **candidate.options})
+            runtime = _build(candidate, checkpoint, options, build)
         except LayaError as exc:
             passed_over.append(f"{candidate.label} ({_first_line(exc)})")
             continue
-        choice = Choice(candidate.runtime, candidate.options, candidate.why, passed_over)
-        log.info("%s: %s", checkpoint.path.name, choice.describe())
-        return runtime, choice
+        return _chosen(checkpoint, runtime, Choice(candidate.runtime, candidate.options, candidate.why, passed_over))
     raise RuntimeUnavailable("runtime='auto' found no runtime that can run this checkpoint here: "
                              + ("; ".join(passed_over) or "none is installed (pip install 'laya-runtime[torch]')"))
 

@@ -101,6 +101,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"runtime      {info['runtime']} ({info['precision']})")
     if model.choice is not None:
         print(f"             {model.choice.describe()}")
+        lines = model.choice.measurement_lines()
+        for i, line in enumerate(lines):
+            print(f"{'measured' if i == 0 else '':13s}{line}")
     if info["gate"]:
         from laya.gate import describe
 
@@ -357,7 +360,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import laya
     from laya import bench
     from laya.errors import LayaError
+    from laya.hardware import cpu
 
+    print(f"processor    {cpu().describe()}")
     specs = args.runtime or (bench.pick_candidates(force=args.force) if args.pick else ["torch"])
     models, skipped = {}, {}
     for spec in specs:
@@ -598,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run reduced precisions whose gate failed, and bf16 on a CPU without bf16 units")
     ben.add_argument("--pick", action="store_true",
                      help="measure every candidate runtime installed here (unless -r names them) and store the "
-                          "fastest whose gate passed for this checkpoint and processor: runtime='auto' then uses it")
+                          "fastest whose gate passed for this checkpoint and processor: runtime='auto' then uses it "
+                          "(a longer measurement than the one auto makes itself at a first load)")
     ben.add_argument("--onnx-fp32", help="an exported fp32 bundle to use for -r onnx")
     ben.add_argument("--onnx-int8", help="an exported int8 bundle to use for -r onnx:int8")
     ben.add_argument("--json", help="also write the figures to this file")

@@ -88,6 +88,7 @@ class EncoderEngine:
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
                 "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len,
                 "runtime_choice": choice.describe() if choice else "named by the operator",
+                **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed")
                              if k in gate}} if gate else {})}
 

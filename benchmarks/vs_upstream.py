@@ -1,0 +1,118 @@
+"""laya against upstream laya 0.4.15 (fp32, torch, the same CPUs), in one interleaved run.
+
+    .venv/bin/python benchmarks/vs_upstream.py [--shape base|small] [-r auto -r torch ...] [--repeats 7]
+
+The checkpoint is generated in the exact published format (random weights, so only speed means
+anything): by default the full mmBERT-base shape (22 layers, d 768, 12 heads, GeGLU 1152, a 256k
+vocabulary, a 128-token sliding window with global attention every third layer). Scenarios, as in
+issue 24: one question over a 128-token row, one over a 512-token row, and 4 choice questions over a
+300-token state. Upstream runs in its own virtual environment (`.venv-upstream`, the one the golden
+tests build) and process; every repeat times upstream, then each of our runtimes, on the same input,
+never at the same time, with the same thread count. Reported: medians (min-max) of the whole call
+(`Agent.system_one` upstream, `Model.predict` here) and the speed-up over upstream, with the processor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tests" / "golden"))
+
+SHAPES = {
+    "base": dict(flavour="mmbert", hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
+                 local_attention=128, max_len=1024, head_max_len=256, vocab_size=256000, seed=3),
+    "small": dict(flavour="mmbert", hidden_size=256, num_layers=6, num_heads=4, intermediate_size=384,
+                  local_attention=128, max_len=1024, head_max_len=256, seed=3),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
+    parser.add_argument("-r", "--runtime", action="append", help="our runtimes to time (default: auto)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--upstream-venv", type=Path, default=ROOT / ".venv-upstream")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+
+    import torch
+    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+    from make_golden import ensure_upstream
+
+    import laya
+    from laya.bench import scenarios
+    from laya.hardware import cpu
+
+    torch.set_num_threads(args.threads)
+    runtimes = args.runtime or ["auto"]
+    python = ensure_upstream(args.upstream_venv)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape]))
+        copy = Path(tmp) / "upstream-copy"  # upstream rewrites tokenizer_config.json in place
+        subprocess.run(["cp", "-r", str(folder), str(copy)], check=True)
+        worker = subprocess.Popen([str(python), str(HERE / "upstream_worker.py"), str(copy), str(args.threads)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert worker.stdin and worker.stdout
+        ready = json.loads(worker.stdout.readline())
+
+        def upstream(state: str, questions: dict, warmup: int = 0) -> float:
+            worker.stdin.write(json.dumps({"state": state, "questions": questions, "warmup": warmup}) + "\n")
+            worker.stdin.flush()
+            return json.loads(worker.stdout.readline())["ms"][0]
+
+        models = {}
+        for spec in runtimes:
+            name, _, precision = spec.partition(":")
+            options = {"precision": precision} if precision else {}
+            started = time.perf_counter()
+            models[spec] = laya.load(folder, runtime=name, threads=args.threads, **options)
+            how = models[spec].choice.describe() if models[spec].choice else models[spec].runtime.precision
+            print(f"loaded {spec} in {time.perf_counter() - started:.1f} s: {how}", flush=True)
+        plan = scenarios(next(iter(models.values())), [128, 512], [4], 300)
+        rows = []
+        for sc in plan:
+            prepared = next(iter(models.values())).prepare([sc.state], sc.questions)
+            tokens = sum(len(r.ids) for r in prepared.rows[0])
+            times: dict[str, list[float]] = {"upstream": [], **{spec: [] for spec in models}}
+            for rep in range(args.warmup + args.repeats):
+                ms = upstream(sc.state, sc.questions)
+                if rep >= args.warmup:
+                    times["upstream"].append(ms)
+                for spec, model in models.items():
+                    started = time.perf_counter()
+                    model.predict(sc.state, sc.questions)
+                    if rep >= args.warmup:
+                        times[spec].append((time.perf_counter() - started) * 1000)
+            rows.append((sc.name, tokens, times))
+            print(f"  {sc.name}: done", flush=True)
+        worker.stdin.close()
+        worker.wait(timeout=30)
+
+    machine = cpu()
+    print(f"\nprocessor: {machine.describe()}; {args.threads} threads; shape {args.shape}; "
+          f"upstream laya 0.4.15 on torch {ready['torch']}, ours on torch {torch.__version__}")
+    names = ["upstream", *models]
+    print(f"{'scenario':34s} {'tokens':>6s} " + " ".join(f"{n:>24s}" for n in names))
+    for name, tokens, times in rows:
+        base = statistics.median(times["upstream"])
+        cells = []
+        for n in names:
+            med = statistics.median(times[n])
+            cells.append(f"{med:8.1f} ms ({base / med:4.2f}x)")
+        print(f"{name:34s} {tokens:6d} " + " ".join(f"{c:>24s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
