@@ -2,9 +2,9 @@
 upstream has the same import name).
 
 Loads one checkpoint with upstream's Agent (CPU, fp32, the given thread count), then answers timing
-jobs read one JSON line at a time on stdin: {"state": ..., "questions": ..., "warmup": n} and writes
-{"ms": median-free list of each timed call in ms} per job, so the caller interleaves upstream's calls
-with its own in one run (the two processes never compute at the same time).
+jobs read one JSON line at a time on stdin: {"state": ..., "questions": ...} (optionally "warmup" and
+"repeats" counts) and writes {"ms": [each timed call, in ms]} per job, so the caller interleaves
+upstream's calls with its own in one run (the two processes never compute at the same time).
 """
 
 import json

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,14 +62,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape]))
         copy = Path(tmp) / "upstream-copy"  # upstream rewrites tokenizer_config.json in place
-        subprocess.run(["cp", "-r", str(folder), str(copy)], check=True)
+        shutil.copytree(folder, copy)
         worker = subprocess.Popen([str(python), str(HERE / "upstream_worker.py"), str(copy), str(args.threads)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert worker.stdin and worker.stdout
         ready = json.loads(worker.stdout.readline())
 
-        def upstream(state: str, questions: dict, warmup: int = 0) -> float:
-            worker.stdin.write(json.dumps({"state": state, "questions": questions, "warmup": warmup}) + "\n")
+        def upstream(state: str, questions: dict) -> float:
+            worker.stdin.write(json.dumps({"state": state, "questions": questions}) + "\n")
             worker.stdin.flush()
             return json.loads(worker.stdout.readline())["ms"][0]
 

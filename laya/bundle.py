@@ -86,14 +86,19 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def cache_folder(kind: str, key: str, cache_dir: Path | None = None) -> Path:
+    """Where `cached_export` keeps the bundle `key` of `kind` (complete when its manifest is there)."""
+    return (cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / kind) / key
+
+
 def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: Path | None = None) -> Path:
     """A bundle exported on first use into `$LAYA_CACHE/<kind>/<key>` (default ~/.cache/laya).
 
     Each process builds in a temporary folder of its own and renames it into place when complete, so
     an interrupted export is never taken for a bundle and concurrent processes (server workers) never
     write into each other's files: the first rename wins and the others discard their copy."""
-    root = cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / kind
-    folder = root / key
+    folder = cache_folder(kind, key, cache_dir)
+    root = folder.parent
     if (folder / MANIFEST).is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)

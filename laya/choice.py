@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("laya")
 AUTO = "auto"
 ROUTED = "coreml+mlx"
+ROUTED_WHY = "Apple silicon: the Neural Engine programs for rows that fit them, MLX fp16 for the rest"
 REFERENCE = "torch fp32"  # the label of the candidate every measurement compares with
 MEASURE_ENV = "LAYA_AUTO_MEASURE"  # "0" (or false, no, off): no timing at first load, the fixed rule
 BUDGET_S = 20.0  # auto's timing at first load, warm-up included (loading the candidates is not)
@@ -201,16 +202,20 @@ def measuring(option: bool | None = None) -> bool:
     return os.environ.get(MEASURE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _onnx_cached(checkpoint: Checkpoint, precision: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    """A complete ONNX bundle of this checkpoint at `precision` is in the export cache."""
+    from laya.bundle import MANIFEST, cache_folder
+    from laya.export.onnx import bundle_key
+
+    folder = cache_folder("onnx", bundle_key(checkpoint, precision), Path(cache_dir) if cache_dir else None)
+    return (folder / MANIFEST).is_file()
+
+
 def _onnx_exportable(checkpoint: Checkpoint) -> bool:
     """ONNX Runtime can run this checkpoint: a bundle is cached already, or the exporter is installed."""
     if not _installed("onnxruntime"):
         return False
-    if all(_installed(m) for m in ("torch", "onnx", "onnxscript")):
-        return True
-    from laya.export.onnx import GRAPH_REVISION
-
-    key = f"{checkpoint.fingerprint[:16]}-fp32-r{GRAPH_REVISION}"
-    return (_cache_root() / "onnx" / key / "manifest.json").is_file()
+    return all(_installed(m) for m in ("torch", "onnx", "onnxscript")) or _onnx_cached(checkpoint, "fp32")
 
 
 def candidates(checkpoint: Checkpoint, machine: Cpu | None = None) -> list[Candidate]:
@@ -223,8 +228,7 @@ def candidates(checkpoint: Checkpoint, machine: Cpu | None = None) -> list[Candi
         out.append(_stored_candidate(pick))
     if machine.apple_silicon:
         if _installed("coremltools") and _installed("mlx"):
-            out.append(Candidate(ROUTED, {}, "Apple silicon: the Neural Engine programs for rows that fit them, "
-                                             "MLX fp16 for the rest"))
+            out.append(Candidate(ROUTED, {}, ROUTED_WHY))
         if _installed("mlx"):
             out.append(Candidate("mlx", {"precision": "fp16"}, "Apple silicon: MLX fp16 on the GPU"))
     if machine.bf16_units and _installed("torch"):
@@ -265,22 +269,12 @@ def measured_candidates(machine: Cpu) -> list[Candidate]:
 
     out = []
     if machine.apple_silicon and _installed("coremltools") and _installed("mlx"):
-        out.append(Candidate(ROUTED, {}, "Apple silicon: the Neural Engine programs for rows that fit them, "
-                                         "MLX fp16 for the rest"))
+        out.append(Candidate(ROUTED, {}, ROUTED_WHY))
     for spec in pick_candidates(machine=machine):
         name, _, precision = spec.partition(":")
         out.append(Candidate(name, {"precision": precision or "fp32"}, ""))
     out.sort(key=lambda c: c.label != REFERENCE)
     return out
-
-
-def _int8_exported(checkpoint: Checkpoint, options: dict[str, Any]) -> bool:
-    """An int8 ONNX bundle of this checkpoint is in the cache already (auto never exports one itself)."""
-    from laya.bundle import MANIFEST
-    from laya.export.onnx import bundle_key
-
-    root = Path(options["cache_dir"]) if options.get("cache_dir") else _cache_root() / "onnx"
-    return (root / bundle_key(checkpoint, "int8") / MANIFEST).is_file()
 
 
 def row_lengths(checkpoint: Checkpoint) -> list[int]:
@@ -352,7 +346,7 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
     not_timed: dict[str, str] = {}
     for candidate in measured_candidates(machine):
         if candidate.runtime == "onnx" and candidate.options.get("precision") == "int8" \
-                and not _int8_exported(checkpoint, options):
+                and not _onnx_cached(checkpoint, "int8", options.get("cache_dir")):
             not_timed[candidate.label] = ("not exported yet: its export and accuracy gate take minutes on a full-size "
                                           "checkpoint; `laya bench --pick` exports, gates and times it)")
             log.info("auto: not timing %s: %s", candidate.label, not_timed[candidate.label])

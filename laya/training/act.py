@@ -113,7 +113,8 @@ def fit_act_head(net: nn.Module, x: np.ndarray, right: np.ndarray, seed: int) ->
     mu, sigma = x.mean(0), x.std(0)
     sigma = np.where(sigma > 1e-6, sigma, 1.0)
     z = (x - mu) / sigma
-    gains: dict[str, list[float]] = {_name(c, l2): [] for c, l2 in CORRECTIONS}
+    settings = {f"correction:{comps}:{l2:g}": (comps, l2) for comps, l2 in CORRECTIONS}
+    gains: dict[str, list[float]] = {name: [] for name in settings}
     top_auroc: list[float] = []
     for repeat in range(REPEATS):
         folds = _folds(right, FOLDS, seed * 1000 + repeat)
@@ -121,9 +122,10 @@ def fit_act_head(net: nn.Module, x: np.ndarray, right: np.ndarray, seed: int) ->
             train = np.concatenate([f for j, f in enumerate(folds) if j != k])
             top = _auroc(t[test], right[test])
             top_auroc.append(top)
-            for comps, l2 in CORRECTIONS:
-                fitted = _fit_correction(t[train], z[train], right[train], reads, comps, l2)
-                gains[_name(comps, l2)].append(_auroc(_logit(fitted, t[test], z[test]), right[test]) - top)
+            base = _correction_base(t[train], z[train], right[train], reads)  # shared by every correction
+            for name, (comps, l2) in settings.items():
+                fitted = _fit_correction(base, z[train], right[train], comps, l2)
+                gains[name].append(_auroc(_logit(fitted, t[test], z[test]), right[test]) - top)
     figures = {name: {"gain": round(float(np.mean(g)), 4), "wins": round(float(np.mean(np.array(g) > 0)), 3)}
                for name, g in gains.items()}
     kept = [n for n in figures if figures[n]["gain"] >= MARGIN and figures[n]["wins"] >= WIN_SHARE]
@@ -140,8 +142,8 @@ def fit_act_head(net: nn.Module, x: np.ndarray, right: np.ndarray, seed: int) ->
                           f"{figures[best]['gain']:+.3f} out of fold and in {figures[best]['wins']:.0%} of the folds; "
                           f"kept only from +{MARGIN} and {WIN_SHARE:.0%})")
         return record
-    comps, l2 = _settings(chosen)
-    fitted = _fit_correction(t, z, right, reads, comps, l2)
+    comps, l2 = settings[chosen]
+    fitted = _fit_correction(_correction_base(t, z, right, reads), z, right, comps, l2)
     _write(first, last, *_correction_params(fitted, mu, sigma))
     s, b = fitted["plain"]
     record["head"] = {"reads": reads, "slope": float(2.0 ** s), "intercept": round(b, 6), "cls_components": comps,
@@ -198,26 +200,24 @@ def top_probability_state(d: int, n_act: int, s: int, b: float) -> dict[str, tor
 # the corrections
 
 
-def _name(comps: int, l2: float) -> str:
-    return f"correction:{comps}:{l2:g}"
-
-
-def _settings(name: str) -> tuple[int, float]:
-    _, comps, l2 = name.split(":")
-    return int(comps), float(l2)
-
-
-def _fit_correction(t: np.ndarray, z: np.ndarray, right: np.ndarray, reads: str, comps: int, l2: float
-                    ) -> dict[str, Any]:
-    """The top-probability logit fitted on these answers (on the plain signal t), plus a logistic-regression
-    correction (Newton, L2 on its weights) on `comps` principal components of the standardised CLS columns
-    and the standardised features other than top1, with that logit as offset."""
+def _correction_base(t: np.ndarray, z: np.ndarray, right: np.ndarray, reads: str) -> dict[str, Any]:
+    """What every correction fitted on these answers shares: the top-probability logit (on the plain
+    signal t) and the principal axes of the standardised CLS columns."""
     s, b = _fit_plain(t, right, T_MAX[reads])
-    offset = 2.0 ** s * t - b
     cls = z[:, :-4]
     center = cls.mean(0)
-    comps = min(comps, cls.shape[1], len(z) - 1)
     _, sv, vt = np.linalg.svd(cls - center, full_matrices=False)
+    return {"reads": reads, "plain": (s, b), "offset": 2.0 ** s * t - b, "center": center, "sv": sv, "vt": vt}
+
+
+def _fit_correction(base: dict[str, Any], z: np.ndarray, right: np.ndarray, comps: int, l2: float
+                    ) -> dict[str, Any]:
+    """A logistic-regression correction (Newton, L2 on its weights) on `comps` principal components of the
+    standardised CLS columns and the standardised features other than top1, with the top-probability
+    logit of `base` (`_correction_base` of the same answers) as offset."""
+    center, sv, vt = base["center"], base["sv"], base["vt"]
+    cls = z[:, :-4]
+    comps = min(comps, cls.shape[1], len(z) - 1)
     basis = vt[:comps].T / np.maximum(sv[:comps] / math.sqrt(len(z)), 1e-6)[None, :]  # unit-variance scores
     design = np.hstack([(cls - center) @ basis, z[:, -3:], np.ones((len(z), 1))])
     y = right.astype(np.float64)
@@ -225,7 +225,7 @@ def _fit_correction(t: np.ndarray, z: np.ndarray, right: np.ndarray, reads: str,
     penalty = np.full(design.shape[1], l2 * len(z))
     penalty[-1] = 0.0
     for _ in range(50):
-        p = _sigmoid(design @ w + offset)
+        p = _sigmoid(design @ w + base["offset"])
         grad = design.T @ (p - y) + penalty * w
         hess = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty + 1e-9)
         step = np.linalg.solve(hess, grad)
@@ -235,7 +235,7 @@ def _fit_correction(t: np.ndarray, z: np.ndarray, right: np.ndarray, reads: str,
     direction = np.zeros(z.shape[1])  # the correction as v . z + c
     direction[:-4] = basis @ w[:comps]
     direction[-3:] = w[comps:-1]
-    return {"reads": reads, "plain": (s, b), "direction": direction,
+    return {"reads": base["reads"], "plain": base["plain"], "direction": direction,
             "constant": float(w[-1] - direction[:-4] @ center)}
 
 
