@@ -30,6 +30,8 @@ INT8_REVISION = 2
 # Encoder layers kept in fp32 in the int8 graph: the first layer is the most sensitive one on every
 # checkpoint measured (its rounding error is carried through every later layer).
 INT8_FP32_LAYERS = frozenset({0})
+# Projections kept in fp32 in every layer of the int8 graph (names in laya.export.torch_net's layers).
+INT8_FP32_PROJECTIONS: frozenset[str] = frozenset()
 INPUTS = ["input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype"]
 OUTPUTS = ["logits", "act_logits"]
 
@@ -103,7 +105,7 @@ def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> di
     return measure(checkpoint, fp32.forward, int8.forward, "int8", extra={"padded_batch": int8._run})
 
 
-_ENCODER_LINEAR = re.compile(r"DecisionNet/layers\.(\d+)\.")
+_ENCODER_LINEAR = re.compile(r"DecisionNet/layers\.(\d+)\.(\w+):")
 
 
 def _int8_targets(graph) -> list[str]:
@@ -115,9 +117,9 @@ def _int8_targets(graph) -> list[str]:
     for node in graph.node:
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in weights:
             continue
-        layers = [m.group(1) for p in node.metadata_props if p.key == "namespace"
-                  for m in [_ENCODER_LINEAR.search(p.value)] if m]
-        if layers and int(layers[0]) not in INT8_FP32_LAYERS:
+        found = [m.groups() for p in node.metadata_props if p.key == "namespace"
+                 for m in [_ENCODER_LINEAR.search(p.value)] if m]
+        if found and int(found[0][0]) not in INT8_FP32_LAYERS and found[0][1] not in INT8_FP32_PROJECTIONS:
             targets.append(node.name)
     return targets
 

@@ -49,6 +49,16 @@ class TestCheckpointSpec:
     temperature: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURE))
     temperature_by_options: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BUCKETS))
     vocab_size: int | None = None  # embedding rows; default: tokenizer size rounded up to 64
+    # the spread of attention logits q.k/sqrt(d_head) (None: Wqkv's fixed std 0.12, peaked at d 128)
+    attention_logit_std: float | None = None
+    scorer_gain: float = 2.5  # the scorer's last layer: larger gives more confident answers
+
+
+# Checkpoints on which reduced precision is hard (the accuracy gates are measured on them): attention
+# that depends on content without being one-hot at any width (logits of spread ~4, where a rounding of
+# the logits moves the softmax most), and answers in the middle of the probability range (where a change
+# of a logit moves the probability most), as in the golden checkpoints.
+ADVERSARIAL = {"attention_logit_std": 4.0, "scorer_gain": 1.0}
 
 
 def _train_tokenizer(flavour: str, vocab_target: int):
@@ -139,12 +149,14 @@ def _weights(spec: TestCheckpointSpec, agent: AgentConfig, enc: EncoderConfig) -
             value = 0.5 * rng.standard_normal(shape)
         elif leaf.endswith("bias"):
             value = 0.02 * rng.standard_normal(shape)
+        elif "attn.Wqkv" in name and spec.attention_logit_std is not None:
+            value = np.sqrt(spec.attention_logit_std / d) * rng.standard_normal(shape)  # q.k/sqrt(dh) ~ std^2 d
         elif "attn.Wqkv" in name or "in_proj_weight" in name:
             value = 0.12 * rng.standard_normal(shape)  # peaked attention: options see different context
         elif name.startswith("scorer.1."):
             value = (2.0 / np.sqrt(d)) * rng.standard_normal(shape)
         elif name.startswith("scorer.3."):
-            value = (2.5 / np.sqrt(d)) * rng.standard_normal(shape)
+            value = (spec.scorer_gain / np.sqrt(d)) * rng.standard_normal(shape)
         else:
             value = (1.0 / np.sqrt(shape[1])) * rng.standard_normal(shape)
         out[name] = value.astype(np.float16)

@@ -85,6 +85,20 @@ def checkpoint_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", TestCheckpointSpec())
 
 
+# The accuracy gates' hard case, small enough for the suite (models/testgen.ADVERSARIAL: attention that
+# depends on content, answers mid-range); benchmarks/precision_errors.py measures the full shape.
+ADVERSARIAL_SPEC = dict(flavour="mmbert", hidden_size=128, num_layers=6, num_heads=2, intermediate_size=192,
+                        local_attention=128, max_len=1024, head_max_len=256, seed=3)
+
+
+@pytest.fixture(scope="session")
+def adversarial_dir(tmp_path_factory) -> Path:
+    from laya.models.testgen import ADVERSARIAL
+
+    return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "adversarial",
+                                 TestCheckpointSpec(**ADVERSARIAL_SPEC, **ADVERSARIAL))
+
+
 @pytest.fixture(scope="session")
 def mmbert_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny-mm", TestCheckpointSpec(flavour="mmbert"))

@@ -47,8 +47,13 @@ def test_bf16_keeps_its_weights_in_bf16_and_the_sensitive_parts_in_fp32(monkeypa
     net = load_quiet(checkpoint_dir, "torch", precision="bf16").runtime.net
     layers = net.encoder.layers
     assert all(m.weight.dtype == torch.float32 for m in layers[0].modules() if isinstance(m, torch.nn.Linear))
-    assert all(m.weight.dtype == torch.bfloat16 for layer in layers[1:] for m in layer.modules()
-               if isinstance(m, torch.nn.Linear))
+    assert not any(isinstance(m, pytorch.Bf16Linear) for m in layers[0].modules())
+    for layer in layers[1:]:  # values and the three other projections in bf16; queries and keys fp32
+        assert [type(m) for m in (layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)] == [pytorch.Bf16Linear] * 3
+        assert isinstance(layer.attn.Wqkv, pytorch.SplitQkv) and layer.attn.Wqkv.bf16 == (False, False, True)
+        fp32, bf16 = layer.attn.Wqkv.groups
+        assert fp32.weight.dtype == torch.float32 and fp32.weight.shape[0] == 2 * bf16.weight.shape[0]
+        assert all(m.weight.dtype == torch.bfloat16 for m in layer.modules() if isinstance(m, pytorch.Bf16Linear))
     rest = [net.encoder.embeddings, net.head, net.scorer, net.act_head, net.type_emb]
     assert all(p.dtype == torch.float32 for part in rest for p in part.parameters())
     assert all(p.dtype == torch.float32 for n, p in net.encoder.named_parameters() if "norm" in n)
