@@ -480,7 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--calibration", action="append", metavar="[NAME=]PATH",
                      help="a file from `laya calibrate`: its temperatures and abstention threshold apply to the model "
                           "(NAME picks the model when serving several)")
-    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
+    srv.add_argument("--max-wait-ms", type=float, default=0.0,
+                     help="how long an idle engine waits for company before a forward pass (default 0: it "
+                          "starts at once and batches what queued while it was busy)")
     srv.add_argument("--max-pending-rows", type=int, default=512,
                      help="rows waiting or running per model before new requests get 429 (default 512)")
     srv.add_argument("--compact", action="store_true",

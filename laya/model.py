@@ -19,7 +19,7 @@ from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
 from laya.choice import Choice
 from laya.encoder.batch import collate, padded_length
-from laya.encoder.rows import Head, Row, StateTokens, build_head, build_row, compact_row, tokenize_state
+from laya.encoder.rows import Head, HeadCache, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
@@ -94,6 +94,7 @@ class Model:
             cfg.temperature, cfg.temperature_by_options, source=str(checkpoint.path / "rl_agent_config.json")
         )
         self.max_batch_rows = max_batch_rows
+        self.head_of = HeadCache(checkpoint.tokenizer, cfg.head_max_len)
         self.calibration = calibration
         self.abstention = calibration.abstention if calibration else None
         if calibration is not None:
@@ -124,7 +125,7 @@ class Model:
         for state in states:
             check_state(state)
         tok = self.tokenizer
-        heads: dict[str, Head] = {q.qid: build_head(tok, q, self.head_max_len) for q in parsed}
+        heads: dict[str, Head] = {q.qid: self.head_of(q) for q in parsed}
         groups: dict[str, int] = {}
         for q in parsed:
             if q.qtype != "choice":
@@ -251,7 +252,7 @@ class Model:
             j, s, t = game
             key = (j, question.qid, question.keys)
             if key not in heads:
-                heads[key] = build_head(tok, question, self.head_max_len)
+                heads[key] = self.head_of(question)
             row = build_row(tok, question, heads[key], jobs[j].states[s], self.max_len)
             taken.setdefault(id(t), []).append(row)
             return row

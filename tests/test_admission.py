@@ -3,6 +3,7 @@ driven directly with a fixed drain rate, the micro-batcher's row reservation, an
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import httpx
@@ -137,3 +138,50 @@ def test_the_app_tells_the_door_each_requests_rows():
         for _ in range(30):
             assert httpx.post(live.url + "/v1/systemone/batch", json=body, timeout=30).status_code == 200
     assert 6 < app.state.admission.rows_per_request <= 12  # a running mean of 12-row requests, from 1
+
+
+class _Gated:
+    """An engine whose first forward pass waits for a gate: what queues meanwhile is seen batching."""
+
+    name = "gated"
+
+    def __init__(self):
+        import threading
+
+        self.gate, self.started, self.batches = threading.Event(), threading.Event(), []
+
+    def execute(self, jobs):
+        self.batches.append(list(jobs))
+        self.started.set()
+        self.gate.wait(10)
+        return [[{"job": job}] for job in jobs]
+
+
+@pytest.mark.parametrize(("wait_ms", "batches"), [(None, [["a"], ["b", "c"]]), (200.0, [["a", "b"], ["c"]])])
+def test_an_idle_engine_starts_at_once_and_batches_what_queued_while_it_ran(wait_ms, batches):
+    """By default the worker never waits for company (a lone request pays no wait): the first job runs
+    the moment it comes, and what comes while it runs shares the next forward pass. With max_wait_ms
+    set, the first job waits that long for company instead."""
+    engine = _Gated()
+
+    async def scenario():
+        b = MicroBatcher(engine) if wait_ms is None else MicroBatcher(engine, max_wait_ms=wait_ms)
+        b.start()
+        try:
+            first = asyncio.ensure_future(b.submit("a", 1))
+            for _ in range(5):  # the worker takes "a" (and, waiting for none, sends it to the engine)
+                await asyncio.sleep(0)
+            second = asyncio.ensure_future(b.submit("b", 1))
+            while not engine.started.is_set():
+                await asyncio.sleep(0.001)
+            third = asyncio.ensure_future(b.submit("c", 1))
+            await asyncio.sleep(0.05)  # queued while the engine is busy
+            engine.gate.set()
+            return [await f for f in (first, second, third)]
+        finally:
+            await b.stop()
+
+    results = asyncio.run(scenario())
+    assert engine.batches == batches
+    assert [timing.batch_jobs for _, timing in results] == [len(next(b for b in batches if job in b))
+                                                           for job in "abc"]

@@ -232,3 +232,20 @@ def test_every_row_fits_max_len_over_crowded_heads(tok, max_len, head_max_len):
             full_rows += len(row.ids) == max_len
     assert longest == max_len and full_rows > 100  # the budget is reached ...
     assert past_the_row >= 1 and refused >= 1  # ... by heads that fill the row and by ones that cannot fit
+
+
+def test_the_head_cache_gives_the_built_head_and_stays_bounded(tok):
+    from laya.encoder.rows import HeadCache
+
+    heads = HeadCache(tok, 96, size=2)
+    a, b, c = (choice({"billing": None, "sales": None}, instructions=f"Which team {i}?") for i in range(3))
+    assert heads(a) == build_head(tok, a, 96)
+    assert heads(a) is heads(a)  # built once
+    renamed = parse_question("other-id", {"type": "choice", "instructions": "Which team 0?",
+                                          "criteria": {"billing": None, "sales": None}})
+    assert heads(renamed) is heads(a)  # by what it is built from, not by the question's id
+    other_options = choice({"billing": None, "support": None}, instructions="Which team 0?")
+    assert heads(other_options) == build_head(tok, other_options, 96) != heads(a)
+    heads(b), heads(c)
+    assert len(heads._heads) == 2  # least recently used out first
+    assert heads(c) == build_head(tok, c, 96)

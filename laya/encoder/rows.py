@@ -8,6 +8,8 @@ a request tokenises its state once and each question's head once, then joins the
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from laya.encoder.tokenizer import Tokenizer
@@ -79,6 +81,31 @@ def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> Head:
         options_distinct=len({tuple(o) for o in opts}),
         tokens_per_option=per_option,
     )
+
+
+class HeadCache:
+    """Question halves by what they are built from (type, instructions, options), least recently used
+    out first: routers ask the same few questions of every state, and tokenising a question's
+    instructions and options is most of what preparing a request costs."""
+
+    def __init__(self, tok: Tokenizer, head_max_len: int, size: int = 1024):
+        self.tok, self.head_max_len, self.size = tok, head_max_len, size
+        self._heads: OrderedDict[tuple, Head] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, question: Question) -> Head:
+        key = (question.qtype, question.instructions, question.options)
+        with self._lock:
+            head = self._heads.get(key)
+            if head is not None:
+                self._heads.move_to_end(key)
+                return head
+        head = build_head(self.tok, question, self.head_max_len)
+        with self._lock:
+            self._heads[key] = head
+            while len(self._heads) > self.size:
+                self._heads.popitem(last=False)
+        return head
 
 
 def tokenize_state(tok: Tokenizer, state: object) -> StateTokens:

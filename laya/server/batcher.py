@@ -1,7 +1,9 @@
 """Dynamic micro-batching: concurrent requests for one engine share forward passes.
 
-One worker per engine takes the first waiting job, gathers more for at most `max_wait_ms` (or
-until `max_rows` rows), and runs them together on a dedicated thread, off the event loop.
+One worker per engine takes every job waiting (up to `max_rows` rows) and runs them together on a
+dedicated thread, off the event loop. An idle engine starts at once: what batches is what queued
+while it was busy, so a lone request pays no wait. `max_wait_ms` > 0 makes it wait that long for
+company instead (more rows per forward pass at low load, for that much latency).
 
 Admission is counted in work, not jobs: a request reserves its rows (`reserve`) before it is
 tokenised, and past `max_pending_rows` rows waiting or running it is refused at once (`Overloaded`)
@@ -76,7 +78,7 @@ class DrainRate:
 
 
 class MicroBatcher:
-    def __init__(self, engine: Any, *, max_wait_ms: float = 2.0, max_rows: int = 64, max_pending_rows: int = 512,
+    def __init__(self, engine: Any, *, max_wait_ms: float = 0.0, max_rows: int = 64, max_pending_rows: int = 512,
                  on_batch=None):
         self.engine = engine
         self.max_wait = max_wait_ms / 1000.0

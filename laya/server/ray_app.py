@@ -64,7 +64,7 @@ class ModelConfig:
     autoscaling: dict[str, Any] | None = None  # Serve's autoscaling_config (scales on ongoing requests)
     max_ongoing_requests: int = 32  # per replica; more wait in the ingress's router
     num_cpus: float | None = None
-    max_wait_ms: float = 2.0  # how long a batch waits for company inside a replica
+    max_wait_ms: float = 0.0  # how long a batch waits for company inside a replica (0: it never waits idle)
     max_batch_rows: int = 64
 
     @property

@@ -411,6 +411,8 @@ def _serve_engine(conn, load) -> None:
                     job.cancelled.set()
                     if payload not in running:  # never to run: the HTTP side skips a cancelled job
                         jobs.pop(payload, None)
+            elif kind == "prepare" and _small(payload):
+                prepare(rid, payload)  # a few hundred microseconds: cheaper here than a hop to the preparer
             elif kind == "prepare":
                 preparer.submit(prepare, rid, payload)
             else:  # execute
@@ -431,6 +433,16 @@ def _serve_engine(conn, load) -> None:
                 jobs.pop(token, None)
             running.clear()
         reply("ok", rid, [done.get(token, []) for token in batch])
+
+
+SMALL_PREPARE_CHARS = 4096  # a request whose states are this short is prepared on the reading thread
+
+
+def _small(payload: Any) -> bool:
+    """One state of a few thousand characters at most: preparing it is quick enough not to hold up
+    the reading of the pipe (cancels, executes) behind it."""
+    states = payload[0]
+    return len(states) == 1 and isinstance(states[0], str) and len(states[0]) <= SMALL_PREPARE_CHARS
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -1,0 +1,137 @@
+"""What the stack costs around the model: bare forward, `predict`, HTTP at one connection, in one run.
+
+    .venv/bin/python benchmarks/overhead.py [-r onnx] [--repeats 300] [--threads 2] [-- SERVE ARGS...]
+
+The request of issue 25: a generated checkpoint (4 layers, d 128), one state of one sentence, a
+3-option choice and a noul (two rows). Printed, as medians (and p99) of `--repeats` calls after a
+warm-up, interleaved in rounds of ten (50 ms apart, one warm-up call each): the runtime's `forward` of the two rows (their batch built
+once, padded as `predict` pads them), `Model.predict` in this
+process, and over HTTP `POST /v1/systemone` from one keep-alive connection to `laya serve` (its
+default: the model in an engine process) started for the run on the loopback interface. Each
+figure is also given as what it adds to the bare forward, the quantity the targets are about
+(predict <= forward + 0.5 ms, HTTP p50 <= forward + 1.5 ms, p99 <= forward + 5 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+QUESTIONS = {
+    "team": {"type": "choice", "instructions": "Which team should handle this?",
+             "criteria": {"billing": "payments and refunds", "sales": "plans and pricing", "support": "bugs"}},
+    "urgent": {"type": "noul", "instructions": "Does this need action today?"},
+}
+STATE = "Hi, I was charged twice for my subscription this month. Please refund the extra payment."
+
+
+def timed(call, repeats: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        call()
+    out = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def line(name: str, ms: list[float], forward: float | None) -> str:
+    p50, p99 = statistics.median(ms), float(np.percentile(ms, 99))
+    extra = "" if forward is None else f"   (+{p50 - forward:.2f} / +{p99 - forward:.2f} ms over the forward)"
+    return f"  {name:34s} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms{extra}"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-r", "--runtime", default="onnx")
+    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("serve_args", nargs="*", help="after --: more `laya serve` options")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+
+    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+    import laya
+    from laya.encoder.batch import collate, padded_length
+    from laya.encoder.rows import build_rows
+    from laya.hardware import cpu
+    from laya.questions import parse_questions
+
+    print(f"processor: {cpu().describe()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec())
+        model = laya.load(str(folder), runtime=args.runtime, threads=args.threads)
+        ck = model.checkpoint
+        rows = build_rows(ck.tokenizer, STATE, parse_questions(QUESTIONS), ck.config.max_len, ck.config.head_max_len)
+        batch = collate(rows, ck.tokenizer.pad_id, length=padded_length(max(len(r.ids) for r in rows)))
+        print(f"checkpoint: 4 layers, d 128; runtime {model.runtime.name} {model.runtime.precision}, "
+              f"{args.threads} threads; {len(rows)} rows, {int(batch.attention_mask.sum())} tokens")
+
+        port = free_port()
+        log = open(Path(tmp) / "serve.log", "w+")  # noqa: SIM115 - read back on failure
+        server = subprocess.Popen([sys.executable, "-m", "laya.cli", "serve", "--port", str(port), "-m",
+                                   f"enc={folder}", "-r", args.runtime, "--threads", str(args.threads),
+                                   *args.serve_args], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
+                time.sleep(0.3)
+            body = {"model": "enc", "state": STATE, "questions": QUESTIONS}
+            with httpx.Client(base_url=url, timeout=30) as client:
+                def post() -> None:
+                    response = client.post("/v1/systemone", json=body)
+                    if response.status_code != 200:
+                        raise SystemExit(f"HTTP {response.status_code}: {response.text[:500]}")
+
+                # interleaved in rounds of 10 calls each, so drift of a shared machine touches all three alike
+                calls = {"forward": lambda: model.runtime.forward(batch),
+                         "predict": lambda: model.predict(STATE, QUESTIONS), "http": post}
+                times: dict[str, list[float]] = {name: [] for name in calls}
+                for call in calls.values():
+                    timed(call, 0, warmup=20)
+                for _ in range(max(1, args.repeats // 10)):
+                    for name, call in calls.items():
+                        time.sleep(0.05)  # the other side's thread pools go idle first (ONNX Runtime spins)
+                        times[name] += timed(call, 10, warmup=1)
+        finally:
+            server.terminate()
+            server.wait(30)
+            log.close()
+        forward, predict, http = times["forward"], times["predict"], times["http"]
+        f50 = statistics.median(forward)
+        print(line("runtime.forward (2 rows)", forward, None))
+        print(line("Model.predict", predict, f50))
+        print(line("HTTP, 1 keep-alive connection", http, f50))
+
+
+if __name__ == "__main__":
+    main()
