@@ -4,8 +4,8 @@
 
 The request of issue 25: a generated checkpoint (4 layers, d 128), one state of one sentence, a
 3-option choice and a noul (two rows). Printed, as medians (and p99) of `--repeats` calls after a
-warm-up, interleaved in rounds of ten (50 ms apart, one warm-up call each): the runtime's `forward` of the two rows (their batch built
-once, padded as `predict` pads them), `Model.predict` in this
+warm-up, interleaved in rounds of ten (50 ms apart, one warm-up call each): the runtime's `forward`
+of the two rows (their batch built once, padded as `predict` pads them), `Model.predict` in this
 process, and over HTTP `POST /v1/systemone` from one keep-alive connection to `laya serve` (its
 default: the model in an engine process) started for the run on the loopback interface. Each
 figure is also given as what it adds to the bare forward, the quantity the targets are about
