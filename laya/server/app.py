@@ -37,9 +37,6 @@ REQUEST_ID = "x-typesafe-request-id"
 # A client may ask for a shorter deadline than the server's --request-timeout-s (seconds, > 0).
 TIMEOUT_HEADER = "x-laya-timeout-s"
 STATIC = Path(__file__).parent / "static"
-# Bodies this small (and not compressed) are parsed and validated on the event loop: bounded work of
-# tens of microseconds. Larger or compressed ones go to a worker thread, off the loop.
-INLINE_PARSE_BYTES = 16 * 1024
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
 
 
@@ -386,8 +383,6 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             check_tree(body, data)
             return parse_systemone(body, batch=batch, limits=config.limits)
 
-        if len(raw) <= INLINE_PARSE_BYTES and not headers.get("content-encoding"):
-            return parse()  # tens of microseconds: a hop to a worker thread and back costs more
         return await run_in_threadpool(parse)
 
     def overloaded(detail: str, retry_after: int) -> ApiError:
