@@ -22,7 +22,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+from serving import free_port, wait_ready
 
 QUESTIONS = {
     "team": {"type": "choice", "instructions": "Which team should handle this?",
@@ -64,12 +64,6 @@ function done(summary, latency, requests)
     summary.errors.timeout))
 end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_wrk() -> str:
@@ -154,16 +148,8 @@ def main() -> None:
                               stdout=log, stderr=subprocess.STDOUT)
     rows = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"goodput: the server did not start; see {work / 'server.log'}")
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        if not wait_ready(url, server, 120):
+            sys.exit(f"goodput: the server did not start; see {work / 'server.log'}")
         run_wrk(wrk, url, 8, args.warmup, script, body)
         for connections in args.connections:
             before = histogram(url)

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,18 +23,13 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+from serving import free_port, wait_ready
 
 QUESTIONS = {
     "team": {"type": "choice", "instructions": "Which team should handle this?",
              "criteria": {"billing": "payments and refunds", "sales": "plans and pricing", "support": "bugs"}},
     "urgent": {"type": "noul", "instructions": "Does this need action today?"},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -143,17 +137,9 @@ def main() -> int:
                                "--max-pending-rows", str(args.max_pending_rows)],
                               stdout=subprocess.DEVNULL, stderr=log_file)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                print((Path(tmp.name) / "server.log").read_text(), file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        if not wait_ready(base, server, 120, poll_s=0.2):
+            print((Path(tmp.name) / "server.log").read_text(), file=sys.stderr)
+            return 1
         url = base + "/v1/systemone"
         asyncio.run(closed_loop(url, 1, 2.0))  # warm-up
         n1, t1, lat1 = asyncio.run(closed_loop(url, 1, args.measure_seconds))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from serving import free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent
 QUESTIONS = {
@@ -50,14 +51,6 @@ def line(name: str, ms: list[float], forward: float | None) -> str:
     p50, p99 = statistics.median(ms), float(np.percentile(ms, 99))
     extra = "" if forward is None else f"   (+{p50 - forward:.2f} / +{p99 - forward:.2f} ms over the forward)"
     return f"  {name:34s} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms{extra}"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -94,17 +87,9 @@ def main() -> None:
                                    *args.serve_args], stdout=log, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
-                time.sleep(0.3)
+            if not wait_ready(url, server, 180):
+                log.seek(0)
+                raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
             body = {"model": "enc", "state": STATE, "questions": QUESTIONS}
             with httpx.Client(base_url=url, timeout=30) as client:
                 def post() -> None:
