@@ -25,6 +25,7 @@ from starlette.datastructures import MutableHeaders
 from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone, question_error, usage_error
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
+from laya.server import heap
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded, PassThrough, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, parse_json, read_body
@@ -284,6 +285,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                 engines = load()
                 for engine in engines:
                     engine.warmup()
+                heap.freeze_loaded()
+                frozen.set()
             except Exception as exc:  # reported on /health; `laya serve` stops (on_load_failure)
                 if isinstance(exc, LayaError):
                     log.error("loading models failed: %s", exc)
@@ -304,7 +307,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             for engine in engines:
                 metrics.engines[engine.name] = engine.status
                 # an engine that batches where it runs (a Ray Serve deployment) gets every job at once
-                kind = PassThrough if getattr(engine, "batches_where_it_runs", False) else MicroBatcher
+                kind = PassThrough if engine.batches_where_it_runs else MicroBatcher
                 batcher = kind(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
                                        max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
                 batcher.start()
@@ -315,6 +318,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             served.ready = bool(engines)
             log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
 
+        frozen = threading.Event()
         threading.Thread(target=load_all, name="laya-load", daemon=True).start()
         if drain_signals and threading.current_thread() is threading.main_thread():
             drain_on_signals(served, admission, config.drain_s)
@@ -323,6 +327,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
             await batcher.stop()
         for engine in served.engines.values():
             engine.close()  # an engine process is stopped, not restarted
+        if frozen.is_set():
+            heap.thaw()
 
     app = FastAPI(title="laya", version="0.1.0", lifespan=lifespan,
                   description="System One decisions (`/v1/systemone`) from laya checkpoints.")

@@ -36,6 +36,7 @@ from ray.serve.handle import DeploymentHandle
 
 from laya.errors import LayaError
 from laya.limits import Limits
+from laya.server import heap
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Timing, Unavailable
 from laya.server.remote import portable
@@ -143,6 +144,7 @@ class ModelReplica:
         configure_logging()
         self.engine = load_engine(model.spec(), model.serve_options())
         self.engine.warmup()
+        heap.freeze_loaded()  # a replica's process lives for its engine: nothing is thawed
         self.model = model
         self.answered = 0
         self._batcher: MicroBatcher | None = None
@@ -158,7 +160,7 @@ class ModelReplica:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.engine.name, "description": self.engine.description,
-                "release_date": getattr(self.engine, "release_date", ""), "describe": self.engine.describe()}
+                "release_date": self.engine.release_date, "describe": self.engine.describe()}
 
     def stats(self) -> dict[str, Any]:
         """Which process this replica is and how many requests it answered (tests, operators)."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from laya.errors import LayaError
 from laya.limits import UNLIMITED, Limits
+from laya.server import heap
 from laya.server.batcher import Unavailable
 from laya.stop import StopFlag, after
 
@@ -176,6 +177,8 @@ class RemoteJob:
 
 
 class RemoteEngine:
+    batches_where_it_runs = False  # the engine process runs what this side's batcher coalesced
+
     def __init__(self, load: Any, start_timeout_s: float | None = None, policy: RestartPolicy | None = None):
         """`load()` (picklable, called in the engine process) returns the engine to run there. The
         first start raises what the load raised; later ones are the supervisor's."""
@@ -368,11 +371,12 @@ def _serve_engine(conn, load) -> None:
     try:
         engine = load()
         engine.warmup()
+        heap.freeze_loaded()  # this process lives for its engine: nothing is thawed
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails with it
         conn.send(("failed", 0, exc if isinstance(exc, LayaError) else portable(exc)))
         return
     try:
-        conn.send(("ready", 0, (engine.name, engine.description, getattr(engine, "release_date", ""),
+        conn.send(("ready", 0, (engine.name, engine.description, engine.release_date,
                                 engine.describe())))
     except OSError:  # the server went away while this process loaded
         return
