@@ -10,7 +10,7 @@ which is what lets the server coalesce concurrent requests into shared forward p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from laya.api import check_budgets
 from laya.errors import Cancelled
@@ -19,12 +19,19 @@ from laya.model import Model, Prepared
 from laya.questions import Question
 from laya.stop import StopFlag
 
+if TYPE_CHECKING:
+    from laya.decide.model import Planned
+
 READY = {"state": "ready"}  # an engine in this process is up while the process is
 
 
 class Engine(Protocol):
     name: str
     description: str
+    release_date: str
+    # True for an engine whose other end coalesces jobs itself (a Ray Serve deployment): the server
+    # then sends each job as it comes instead of batching them here
+    batches_where_it_runs: bool
 
     def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, **options: Any) -> Any: ...
@@ -49,6 +56,7 @@ class EncoderEngine:
     model: Model
     description: str = "laya decision model"
     release_date: str = ""
+    batches_where_it_runs: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -97,6 +105,7 @@ class EncoderEngine:
 class DecideJob:
     states: list[Any]
     questions: list[Question]
+    planned: list[list[Planned]]  # per state: its questions tokenised by prepare
     reuse_prefix: bool = True
     cancelled: StopFlag = field(default_factory=StopFlag)
 
@@ -108,6 +117,7 @@ class DecideEngine:
     model: Any  # laya.decide.model.DecideModel
     description: str = "chat model read by first-token scoring (llama.cpp)"
     release_date: str = ""
+    batches_where_it_runs: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -118,8 +128,8 @@ class DecideEngine:
                 ) -> DecideJob:
         """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)
         Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does."""
-        states, parsed = self.model.prepare(states, questions, limits=limits)
-        return DecideJob(states, parsed, reuse_prefix, StopFlag(deadline))
+        states, parsed, planned = self.model.prepare(states, questions, limits=limits)
+        return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
 
     def rows(self, job: DecideJob) -> int:
         return len(job.states) * len(job.questions)
@@ -130,7 +140,8 @@ class DecideEngine:
         for job in jobs:
             try:
                 out.append([self.model.answer_one(s, job.questions, reuse_prefix=job.reuse_prefix,
-                                                  cancelled=job.cancelled) for s in job.states])
+                                                  cancelled=job.cancelled, planned=p)
+                             for s, p in zip(job.states, job.planned)])
             except Cancelled:
                 out.append([])
         return out
@@ -146,6 +157,5 @@ class DecideEngine:
 
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend
-        info = backend.describe() if hasattr(backend, "describe") else {}
         return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf", "device": "cpu",
-                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy, **info}
+                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy, **backend.describe()}

@@ -25,6 +25,7 @@ class ScriptedEngine:
 
     description = "scripted test engine"
     release_date = "2026-01-01"
+    batches_where_it_runs = False
 
     def __init__(self, name: str = "scripted", delay: float = 0.0):
         self.name = name

@@ -78,3 +78,6 @@ class ScriptedBackend:
 
     def state_nbytes(self, state) -> int:
         return 4 * len(state)
+
+    def describe(self) -> dict:
+        return {"backend": "scripted"}

@@ -125,6 +125,43 @@ def test_model_answers_system_one_questions():
     assert again["answers"]["zz"]["noul"] == u["noul"]
 
 
+class CountingBackend(ScriptedBackend):
+    """Counts the text it is asked to tokenise."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.tokenised = 0
+
+    def prompt_tokens(self, message: str) -> list[int]:
+        self.tokenised += 1
+        return super().prompt_tokens(message)
+
+    def tokenize(self, text: str) -> list[int]:
+        self.tokenised += 1
+        return super().tokenize(text)
+
+
+def test_the_engine_answers_what_it_prepared_without_tokenising_again():
+    from laya.engines import DecideEngine
+
+    questions = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "sales": "plans"}},
+                 "u": {"type": "noul", "instructions": "Urgent?"}}
+    backend = CountingBackend(n_ctx=2000)
+    engine = DecideEngine(DecideModel(backend, "scripted"))
+    job = engine.prepare(["refund please", "where is my parcel"], questions)
+    prepared = backend.tokenised
+    assert prepared > 0
+    (first, second), = engine.execute([job])
+    assert backend.tokenised == prepared  # the tree reads logits, it tokenises no text
+    alone = DecideModel(ScriptedBackend(n_ctx=2000), "scripted")
+    for got, state in ((first, "refund please"), (second, "where is my parcel")):
+        want = alone.predict(state, questions)
+        assert got["usage"] == want["usage"]
+        for qid, answer in want["answers"].items():  # all but the prefill's timings
+            assert {k: v for k, v in got["answers"][qid].items() if k != "x_prefill"} == \
+                {k: v for k, v in answer.items() if k != "x_prefill"}
+
+
 def test_noul_averages_both_label_orders():
     model = DecideModel(ScriptedBackend(n_ctx=2000), "scripted")
     u = model.predict("x", {"u": {"type": "noul", "instructions": "ok?"}})["answers"]["u"]

@@ -14,7 +14,7 @@ from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures, clamp
 from laya.config import QTYPES
 from laya.decide.backend import DecideBackend
-from laya.decide.policy import Decider, DecideRefused, PrefixCache, label_tokens
+from laya.decide.policy import Decider, DecideRefused, PrefixCache, Prompt, label_tokens, split_prompt
 from laya.decide.prompts import (
     READOUTS,
     LabelStyle,
@@ -30,6 +30,16 @@ from laya.errors import Cancelled, QuestionError
 from laya.heads import decode
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, check_state, parse_questions
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One question over one state as `prepare` left it: its readouts tokenised and checked, so that
+    answering tokenises nothing again. `keys[i]` maps readout i's labels to the question's answers."""
+
+    question: Question
+    keys: tuple[tuple[int, ...], ...]
+    prompts: tuple[Prompt, ...]
 
 
 @dataclass
@@ -91,26 +101,41 @@ class DecideModel:
         return [choice_by_names(q, self.style) if names else choice_by_letters(q, self.style)]
 
     def prepare(self, states: list[Any], questions: Mapping[str, Any], *, limits: Limits = UNLIMITED
-                ) -> tuple[list[Any], list[Question]]:
+                ) -> tuple[list[Any], list[Question], list[list[Planned]]]:
         """Validate everything a decision would refuse, before anything is queued or prefilled: the
-        decisions are counted before any prompt is tokenised, the tokens as the prompts are built."""
+        decisions are counted before any prompt is tokenised, the tokens as the prompts are built.
+        What it tokenised is kept (per state, per question) for answering."""
         parsed = parse_questions(questions)
         reads = {q.qid: self.readouts(q) for q in parsed}
         limits.check("decisions", len(states) * sum(len(r) for r in reads.values()))
-        tokens = 0
+        tokens, plans = 0, []
         for state in states:
-            check_state(state)
-            prefix = prefix_for(state)
-            for q in parsed:
-                lengths = [len(self.backend.prompt_tokens(prefix + r.suffix)) for r in reads[q.qid]]
-                tokens += sum(lengths)
-                limits.check("tokens", tokens)
-                longest = max(lengths)
-                if longest > self.backend.n_ctx:
-                    raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens; the model's "
-                                        f"context holds {self.backend.n_ctx}", qid=q.qid,
-                                        error_type="max_tokens_exceeded")
-        return list(states), parsed
+            planned, tokens = self._plan(state, parsed, reads, limits, tokens)
+            plans.append(planned)
+        return list(states), parsed, plans
+
+    def _plan(self, state: Any, parsed: list[Question], reads: dict[str, list[Readout]], limits: Limits,
+              tokens: int) -> tuple[list[Planned], int]:
+        """One state's questions tokenised and checked; `tokens` is the count so far (against the limit)."""
+        check_state(state)
+        prefix = prefix_for(state)
+        alone = self.backend.prompt_tokens(prefix)
+        planned = []
+        for q in parsed:
+            split = [split_prompt(self.backend, prefix, r.suffix, alone) for r in reads[q.qid]]
+            lengths = [len(full) for full, _ in split]
+            tokens += sum(lengths)
+            limits.check("tokens", tokens)
+            longest = max(lengths)
+            if longest > self.backend.n_ctx:
+                raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens; the model's "
+                                    f"context holds {self.backend.n_ctx}", qid=q.qid, error_type="max_tokens_exceeded")
+            if any(len(full) == n_prefix for full, n_prefix in split):
+                raise QuestionError(f"question {q.qid!r}: the prompt has no question after its prefix", qid=q.qid)
+            prompts = tuple(Prompt(full, n_prefix, label_tokens(self.backend, list(r.labels)))
+                            for (full, n_prefix), r in zip(split, reads[q.qid]))
+            planned.append(Planned(q, tuple(tuple(r.keys) for r in reads[q.qid]), prompts))
+        return planned, tokens
 
     @cached_property
     def fingerprint(self) -> str:
@@ -120,34 +145,38 @@ class DecideModel:
         return sha256_of(Path(self.source)) if self.source and Path(self.source).is_file() else ""
 
     def evidence_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
-                     cancelled: threading.Event | None = None) -> tuple[list[Evidence], list[dict[str, Any]], int]:
+                     cancelled: threading.Event | None = None, planned: list[Planned] | None = None
+                     ) -> tuple[list[Evidence], list[dict[str, Any]], int]:
         """Per question: the first-token log-probabilities of each readout (untempered), the question's
-        extras (outside mass, prefill reports), and the prompt tokens read in all. `cancelled` (the
-        caller went away) stops before the next decision."""
-        prefix = prefix_for(state)
+        extras (outside mass, prefill reports), and the prompt tokens read in all. `planned` is what
+        `prepare` tokenised for this state (planned here when not given). `cancelled` (the caller went
+        away) stops before the next decision."""
+        if planned is None:
+            planned, _ = self._plan(state, parsed, {q.qid: self.readouts(q) for q in parsed}, UNLIMITED, 0)
         evidence, extras, tokens = [], [], 0
         with self._lock:
-            for q in parsed:
+            for plan in planned:
+                q = plan.question
                 readouts, outside, reports = [], 0.0, []
-                reads = self.readouts(q)
-                for read in reads:
+                for keys, prompt in zip(plan.keys, plan.prompts):
                     if cancelled is not None and cancelled.is_set():
                         raise Cancelled("the caller went away")
-                    scores, report = self.decider.decide(prefix, read.suffix, list(read.labels),
-                                                         reuse_prefix=reuse_prefix,
-                                                         tree_budget=self.settings.tree_budget)
-                    readouts.append((tuple(read.keys), scores.logp))
+                    scores, report = self.decider.run(prompt, reuse_prefix=reuse_prefix,
+                                                      tree_budget=self.settings.tree_budget)
+                    readouts.append((keys, scores.logp))
                     outside += scores.outside_mass
                     reports.append(report)
                     tokens += report.n_tokens
                 evidence.append(Evidence(q.qtype, q.n_options, tuple(readouts)))
-                extras.append({"x_outside_mass": outside / len(reads), "x_levels": max(r.levels for r in reports),
+                extras.append({"x_outside_mass": outside / len(plan.prompts),
+                               "x_levels": max(r.levels for r in reports),
                                "x_prefill": [r.as_extras() for r in reports]})
         return evidence, extras, tokens
 
     def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
-                   cancelled: threading.Event | None = None) -> dict[str, Any]:
-        evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix, cancelled=cancelled)
+                   cancelled: threading.Event | None = None, planned: list[Planned] | None = None) -> dict[str, Any]:
+        evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix, cancelled=cancelled,
+                                                     planned=planned)
         answers = {}
         for q, ev, extra in zip(parsed, evidence, extras):
             p = ev.probabilities(self.temperatures.for_question(q.qtype, q.n_options))
@@ -157,5 +186,5 @@ class DecideModel:
         return {"model": self.name, "answers": answers, "usage": {"input_tokens": int(tokens), "output_tokens": 0}}
 
     def predict(self, state: Any, questions: Mapping[str, Any], *, reuse_prefix: bool = True) -> dict[str, Any]:
-        states, parsed = self.prepare([state], questions)
-        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix)
+        states, parsed, plans = self.prepare([state], questions)
+        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix, planned=plans[0])

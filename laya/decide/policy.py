@@ -32,15 +32,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def split_prompt(backend: DecideBackend, prefix: str, suffix: str) -> tuple[list[int], int]:
+def split_prompt(backend: DecideBackend, prefix: str, suffix: str, alone: list[int] | None = None
+                 ) -> tuple[list[int], int]:
     """Tokens of the whole prompt and how many of them are the prefix, found on tokens.
 
     The template is rendered over `prefix + suffix` as one message; the prefix is also rendered
-    alone, and the two renderings agree up to the join. One matching token is given back: a merge
-    across the join can make the last shared-looking token a different token in context.
+    alone (`alone`, when the caller already has it: one state's questions share it), and the two
+    renderings agree up to the join. One matching token is given back: a merge across the join can
+    make the last shared-looking token a different token in context.
     """
     full = backend.prompt_tokens(prefix + suffix)
-    alone = backend.prompt_tokens(prefix) if prefix else []
+    if alone is None:
+        alone = backend.prompt_tokens(prefix) if prefix else []
     shared = common_prefix(full, alone)
     return full, max(0, shared - 1)
 
@@ -61,6 +64,31 @@ def label_tokens(backend: DecideBackend, labels: list[str]) -> list[tuple[int, .
         seen[tokens] = label
         seqs.append(tokens)
     return seqs
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One decision tokenised and checked, so that running it tokenises nothing: the whole prompt,
+    how many of its tokens are the prefix (the part a later decision over the same state reuses),
+    and each label's tokens."""
+
+    tokens: list[int]
+    n_prefix: int
+    labels: list[tuple[int, ...]]
+
+
+def tokenised(backend: DecideBackend, prefix: str, suffix: str, labels: list[str],
+              alone: list[int] | None = None) -> Prompt:
+    """Every check a decision makes before any prefill (labels, the context, a question after the
+    prefix), done once: a refusal leaves the session as it was."""
+    seqs = label_tokens(backend, labels)
+    full, n_prefix = split_prompt(backend, prefix, suffix, alone)
+    if len(full) > backend.n_ctx:
+        raise DecideRefused(f"the prompt takes {len(full)} tokens; the model's context holds {backend.n_ctx}",
+                            error_type="max_tokens_exceeded")
+    if len(full) == n_prefix:
+        raise DecideRefused("the prompt has no question after its prefix")
+    return Prompt(full, n_prefix, seqs)
 
 
 def logsumexp(values: np.ndarray) -> float:
@@ -233,15 +261,14 @@ class Decider:
 
     def decide(self, prefix: str, suffix: str, labels: list[str], *, temperature: float = 1.0,
                reuse_prefix: bool = True, tree_budget: int = 8) -> tuple[Scores, Report]:
+        return self.run(tokenised(self.backend, prefix, suffix, labels), temperature=temperature,
+                        reuse_prefix=reuse_prefix, tree_budget=tree_budget)
+
+    def run(self, prompt: Prompt, *, temperature: float = 1.0, reuse_prefix: bool = True, tree_budget: int = 8
+            ) -> tuple[Scores, Report]:
+        """One decision over a prompt `tokenised` beforehand (its checks already passed)."""
         backend = self.backend
-        # Every check before any prefill: a refusal leaves the session as it was.
-        seqs = label_tokens(backend, labels)
-        full, n_prefix = split_prompt(backend, prefix, suffix)
-        if len(full) > backend.n_ctx:
-            raise DecideRefused(f"the prompt takes {len(full)} tokens; the model's context holds {backend.n_ctx}",
-                                error_type="max_tokens_exceeded")
-        if len(full) == n_prefix:
-            raise DecideRefused("the prompt has no question after its prefix")
+        full, n_prefix, seqs = prompt.tokens, prompt.n_prefix, prompt.labels
         report = Report(n_tokens=len(full))
         use_cache = reuse_prefix and self.cache.enabled
         if not use_cache:
