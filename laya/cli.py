@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from laya.engine import is_gguf
 from laya.errors import LayaError
 from laya.limits import Limits
 
@@ -313,7 +314,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from laya.calibration.run import calibrate, text_summary
 
     records = read_records(args.data)  # every line checked before the model loads
-    if args.model.lower().endswith(".gguf"):
+    if is_gguf(args.model):
         from laya.decide.llama import open_gguf
 
         model = open_gguf(args.model, n_ctx=args.n_ctx, threads=args.threads)

@@ -162,7 +162,7 @@ def test_bench_pick_is_stored_and_used_by_auto(checkpoint_dir, capsys, monkeypat
 
 
 def test_info_and_health_show_the_choice(checkpoint_dir, capsys, monkeypatch):
-    from laya.engines import EncoderEngine
+    from laya.encoder.engine import EncoderEngine
 
     on_cpu(monkeypatch, PLAIN)
     assert main(["info", "-m", str(checkpoint_dir)]) == 0

@@ -245,7 +245,7 @@ def test_a_bench_pick_is_used_by_measuring_auto(machine, checkpoint_dir, monkeyp
 
 
 def test_info_and_health_show_the_measurement(machine, checkpoint_dir, capsys):
-    from laya.engines import EncoderEngine
+    from laya.encoder.engine import EncoderEngine
     from laya.server.app import create_app
 
     assert main(["info", str(checkpoint_dir), "--threads", "1"]) == 0  # measures (LAYA_AUTO_MEASURE=1 here)

@@ -142,7 +142,7 @@ class CountingBackend(ScriptedBackend):
 
 
 def test_the_engine_answers_what_it_prepared_without_tokenising_again():
-    from laya.engines import DecideEngine
+    from laya.decide.engine import DecideEngine
 
     questions = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "sales": "plans"}},
                  "u": {"type": "noul", "instructions": "Urgent?"}}

@@ -9,7 +9,7 @@ import pytest
 from conftest import missing
 from live_server import LiveServer
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.server.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from live_server import LiveServer
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.server.app import ServerConfig, create_app
 
 KEY = "sk-test-123"

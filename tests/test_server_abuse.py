@@ -17,7 +17,7 @@ import zstandard
 from conftest import need
 from live_server import LiveServer
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.limits import Limits
 from laya.server.app import ServerConfig, create_app
 
@@ -187,8 +187,8 @@ def decide_live(tmp_path_factory):
     need("llama_cpp", "the [llama] extra is not installed")
     from laya.models.gguftest import write_tiny_gguf
 
+    from laya.decide.engine import DecideEngine
     from laya.decide.llama import open_gguf
-    from laya.engines import DecideEngine
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     engine = DecideEngine(open_gguf(path, name="chat", n_ctx=1024, threads=2))

@@ -11,9 +11,10 @@ need("llama_cpp", "the [llama] extra is not installed")
 
 from laya.models.gguftest import write_tiny_gguf  # noqa: E402
 
+from laya.decide.engine import DecideEngine  # noqa: E402
 from laya.decide.llama import LlamaBackend  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
-from laya.engines import DecideEngine, EncoderEngine  # noqa: E402
+from laya.encoder.engine import EncoderEngine  # noqa: E402
 from laya.server.app import create_app  # noqa: E402
 from laya.server.serve import ServeOptions, load_engines  # noqa: E402
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.server.app import create_app
 
 # lone surrogates and huge integers are what JSON can carry and text cannot: they must be 4xx too

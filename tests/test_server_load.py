@@ -13,7 +13,7 @@ import pytest
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.server.app import ServerConfig, create_app
 
 ROUTE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None,

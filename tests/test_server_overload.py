@@ -12,7 +12,7 @@ import pytest
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
-from laya.engines import EncoderEngine
+from laya.encoder.engine import EncoderEngine
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import DrainRate
 from laya.server.serve import ModelSpec, ServeOptions, load_engine

@@ -19,8 +19,8 @@ from conftest import GOLDEN, load_quiet
 from laya.models import testgen
 from live_server import LiveServer
 
+from laya.encoder.engine import EncoderEngine
 from laya.encoder.rows import build_rows
-from laya.engines import EncoderEngine
 from laya.errors import QuestionError
 from laya.questions import parse_question, parse_questions
 from laya.server.app import ServerConfig, create_app

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laya.engine import is_gguf
 from laya.errors import LayaError
 from laya.server.app import ServerConfig, create_app
 
@@ -76,16 +77,16 @@ def smollm2_gguf() -> Path | None:
 def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
     """One model as an engine: a `.gguf` file goes to the decide engine, anything else is a laya checkpoint."""
     calibration = options.calibration_for(spec)
-    if spec.source.lower().endswith(".gguf"):
+    if is_gguf(spec.source):
+        from laya.decide.engine import DecideEngine
         from laya.decide.llama import open_gguf
-        from laya.engines import DecideEngine
 
         model = open_gguf(spec.source, name=spec.name, n_ctx=options.n_ctx, threads=options.threads,
                           prefix_cache=options.prefix_cache, calibration=calibration)
         return DecideEngine(model, description=f"{Path(spec.source).name} read by first-token scoring")
 
     import laya
-    from laya.engines import EncoderEngine
+    from laya.encoder.engine import EncoderEngine
     from laya.models.registry import lookup
 
     runtime_options: dict[str, Any] = {"threads": options.threads} if options.threads else {}
@@ -187,7 +188,7 @@ def warm_caches(options: ServeOptions) -> None:
     import gc
 
     for spec in options.models:
-        if not spec.source.lower().endswith(".gguf"):
+        if not is_gguf(spec.source):
             try:
                 load_engine(spec, options)
             except LayaError as exc:

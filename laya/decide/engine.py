@@ -1,0 +1,73 @@
+"""The decide engine: a chat GGUF answering through the decide policy, behind `laya.engine.Engine`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from laya.decide.model import DecideModel, Planned
+from laya.engine import READY
+from laya.errors import Cancelled
+from laya.limits import UNLIMITED, Limits
+from laya.questions import Question
+from laya.stop import StopFlag
+
+
+@dataclass
+class DecideJob:
+    states: list[Any]
+    questions: list[Question]
+    planned: list[list[Planned]]  # per state: its questions tokenised by prepare
+    reuse_prefix: bool = True
+    cancelled: StopFlag = field(default_factory=StopFlag)
+
+
+@dataclass
+class DecideEngine:
+    """A chat GGUF answering through the decide policy (one llama.cpp context, one decision at a time)."""
+
+    model: DecideModel
+    description: str = "chat model read by first-token scoring (llama.cpp)"
+    release_date: str = ""
+    batches_where_it_runs: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None
+                ) -> DecideJob:
+        """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)
+        Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does."""
+        states, parsed, planned = self.model.prepare(states, questions, limits=limits)
+        return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
+
+    def rows(self, job: DecideJob) -> int:
+        return len(job.states) * len(job.questions)
+
+    def execute(self, jobs: list[DecideJob]) -> list[list[dict[str, Any]]]:
+        """Decisions run one at a time; a cancelled job stops at its next decision (and gets no answers)."""
+        out = []
+        for job in jobs:
+            try:
+                out.append([self.model.answer_one(s, job.questions, reuse_prefix=job.reuse_prefix,
+                                                  cancelled=job.cancelled, planned=p)
+                             for s, p in zip(job.states, job.planned)])
+            except Cancelled:
+                out.append([])
+        return out
+
+    def warmup(self) -> None:
+        self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
+
+    def status(self) -> dict[str, Any]:
+        return READY
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this process."""
+
+    def describe(self) -> dict[str, Any]:
+        backend = self.model.backend
+        return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf", "device": "cpu",
+                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy, **backend.describe()}

@@ -1,0 +1,64 @@
+"""The encoder engine: a laya checkpoint on one runtime, behind `laya.engine.Engine`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from laya.api import check_budgets
+from laya.engine import READY
+from laya.limits import UNLIMITED, Limits
+from laya.model import Model, Prepared
+from laya.stop import StopFlag
+
+
+@dataclass
+class EncoderEngine:
+    """A laya checkpoint on one runtime."""
+
+    model: Model
+    description: str = "laya decision model"
+    release_date: str = ""
+    batches_where_it_runs: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                deadline: float | None = None, tournament: int | None = None, **options: Any) -> Prepared:
+        """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
+        A tournament's rows count against the limits: every group of every round and the final row.
+        Past `deadline` (monotonic) the job stops between forward passes, as a cancelled one does."""
+        prepared = self.model.prepare(states, questions, tournament=tournament)
+        prepared.cancelled = StopFlag(deadline)
+        for rows, state in zip(prepared.rows, prepared.states):
+            check_budgets(len(state.ids), [r.head_tokens for r in rows])
+        limits.check("rows", prepared.n_rows)
+        limits.check("tokens", prepared.n_tokens)
+        return prepared
+
+    def rows(self, job: Prepared) -> int:
+        return job.n_rows
+
+    def execute(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
+        return self.model.answer(jobs)
+
+    def warmup(self) -> None:
+        self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
+
+    def status(self) -> dict[str, Any]:
+        return READY
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this process."""
+
+    def describe(self) -> dict[str, Any]:
+        choice = self.model.choice
+        gate = getattr(self.model.runtime, "gate", None)
+        return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
+                "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len,
+                "runtime_choice": choice.describe() if choice else "named by the operator",
+                **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
+                **({"gate": {k: gate[k] for k in ("max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed")
+                             if k in gate}} if gate else {})}

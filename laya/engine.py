@@ -1,0 +1,55 @@
+"""What answers a validated System One request for one served model name: the one `Engine` protocol
+the encoder engine (`laya.encoder.engine`) and the decide engine (`laya.decide.engine`) implement as
+peers, and the one rule that picks between them.
+
+An engine turns a request into a job (`prepare`, which validates, counts the work against the
+server's `Limits` and refuses before any inference), and runs many jobs together (`execute`),
+which is what lets the server coalesce concurrent requests into shared forward passes. A job's
+`cancelled` event, set when its caller goes away, stops its remaining work.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from laya.limits import UNLIMITED, Limits
+from laya.stop import StopFlag
+
+READY = {"state": "ready"}  # an engine in this process is up while the process is
+
+
+class Job(Protocol):
+    """What `prepare` returns and `execute` runs: everything prepared for one request, and the flag
+    that stops its remaining work (set when its caller goes away or its deadline passes)."""
+
+    cancelled: StopFlag
+
+
+class Engine(Protocol):
+    name: str
+    description: str
+    release_date: str
+    # True for an engine whose other end coalesces jobs itself (a Ray Serve deployment): the server
+    # then sends each job as it comes instead of batching them here
+    batches_where_it_runs: bool
+
+    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+                deadline: float | None = None, **options: Any) -> Job: ...
+
+    def execute(self, jobs: list[Job]) -> list[list[dict[str, Any]]]: ...
+
+    def rows(self, job: Job) -> int: ...
+
+    def warmup(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def is_gguf(source: str) -> bool:
+    """The rule: a `.gguf` file is a chat model for the decide engine; anything else names a laya
+    checkpoint (a folder, a bundle, a registry name, a Hub repository) for the encoder engine."""
+    return source.lower().endswith(".gguf")
