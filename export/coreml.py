@@ -1,6 +1,6 @@
 """`laya export coreml`: Core ML bundles, a general one and fixed-shape Neural Engine ones.
 
-General (`general.mlpackage`): an ML Program over the plain-torch network (`torch_net.DecisionNet`,
+General (`general.mlpackage`): an ML Program over the plain-torch network (`torch_net.PortableNet`,
 exported with torch.export and core-ATen decompositions), batch 1, enumerated sequence lengths
 (16 ... max_len) and a marker axis of 2 to 255 options. fp16 compute by default, fp32 on request.
 Inputs `input_ids (1, L)`, `n_tokens (1,)` (the row's real length: the mask is built in the graph,
@@ -85,10 +85,10 @@ def _ct():
 def general_module(checkpoint: Checkpoint):
     """The batch-1 network the general bundle is converted from (also what its parity is checked on)."""
     import torch
-    from laya.export.torch_net import DecisionNet
+    from laya.export.torch_net import PortableNet
     from torch import nn
 
-    net = DecisionNet.load(checkpoint)
+    net = PortableNet.load(checkpoint)
 
     class General(nn.Module):
         def __init__(self):

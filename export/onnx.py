@@ -22,7 +22,7 @@ from laya.checkpoint import Checkpoint
 
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
-GRAPH_REVISION = 4
+GRAPH_REVISION = 5
 # Bumped whenever the int8 quantisation changes (part of the int8 cache key only). 2: per-token activation
 # scales with u8u8 integer matmuls and the first encoder layer in fp32 (1 was onnxruntime's dynamic
 # per-tensor u8s8 quantisation, whose AVX2 kernel saturates without VNNI).
@@ -55,9 +55,9 @@ def _example(checkpoint: Checkpoint):
 
 def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
     import torch
-    from laya.export.torch_net import DecisionNet, fused_attention, ort_attention_translation
+    from laya.export.torch_net import PortableNet, fused_attention, ort_attention_translation
 
-    module = DecisionNet.load(checkpoint, attention=fused_attention)
+    module = PortableNet.load(checkpoint, attention=fused_attention)
     example = _example(checkpoint)
     batch, length, markers = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2), \
         torch.export.Dim("markers", min=2)
@@ -105,7 +105,7 @@ def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> di
     return measure(checkpoint, fp32.forward, int8.forward, "int8", extra={"padded_batch": int8._run})
 
 
-_ENCODER_LINEAR = re.compile(r"DecisionNet/layers\.(\d+)\.(\w+):")
+_ENCODER_LINEAR = re.compile(r"/layers\.(\d+)\.(\w+):")  # the encoder's, not the head's `head.layers`
 
 
 def _int8_targets(graph) -> list[str]:

@@ -110,8 +110,10 @@ class EncoderLayer(nn.Module):
         self.Wo_mlp = nn.Linear(inner, d, bias=False)
 
 
-class DecisionNet(nn.Module):
-    """Encoder, decision head and act head; `load` fills it from a checkpoint's tensors."""
+class PortableNet(nn.Module):
+    """Encoder, decision head and act head in plain torch operations (no `transformers` modules), so
+    that it traces into ONNX and Core ML graphs; `load` fills it from a checkpoint's tensors. The
+    reference network that answers and trains is `laya.runtimes.pytorch.DecisionNet`."""
 
     def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, max_len: int,
                  attention: Callable = attend):
@@ -133,7 +135,7 @@ class DecisionNet(nn.Module):
         self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, attention: Callable = attend) -> DecisionNet:
+    def load(cls, checkpoint: Checkpoint, attention: Callable = attend) -> PortableNet:
         cfg = checkpoint.config
         net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, cfg.max_len, attention)
         net.load_state_dict({ours: torch.from_numpy(checkpoint.weights[theirs]).float()

@@ -19,7 +19,7 @@ from laya.calibration.temperatures import Temperatures
 from laya.checkpoint import Checkpoint
 from laya.choice import Choice
 from laya.encoder.batch import collate, padded_length
-from laya.encoder.rows import Head, HeadCache, Row, StateTokens, build_row, compact_row, tokenize_state
+from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
@@ -125,7 +125,7 @@ class Model:
         for state in states:
             check_state(state)
         tok = self.tokenizer
-        heads: dict[str, Head] = {q.qid: self.head_of(q) for q in parsed}
+        heads: dict[str, QuestionTokens] = {q.qid: self.head_of(q) for q in parsed}
         groups: dict[str, int] = {}
         for q in parsed:
             if q.qtype != "choice":
@@ -246,7 +246,7 @@ class Model:
             return {}
         tok = self.tokenizer
         taken: dict[int, list[Row]] = {}
-        heads: dict[tuple[int, str, tuple[str, ...]], Head] = {}  # a group's head serves every state
+        heads: dict[tuple[int, str, tuple[str, ...]], QuestionTokens] = {}  # a group's head serves every state
 
         def row_of(question: Question, game) -> Row:
             j, s, t = game

@@ -25,6 +25,6 @@ def test_int8_gate_passes_and_the_first_layer_stays_fp32(name, tmp_path):
     assert kinds.count("MatMulIntegerToFloat") == manifest["int8_matmuls"] == 12  # 4 layers x 4, but layer 0
     assert "DynamicQuantizeMatMul" not in kinds and "DynamicQuantizeLinear" not in kinds
     fp32_matmuls = [p.value for n in graph.node if n.op_type == "MatMul" for p in n.metadata_props
-                    if p.key == "namespace" and "DecisionNet/layers." in p.value]
+                    if p.key == "namespace" and "PortableNet/layers." in p.value]
     assert len(fp32_matmuls) == 4 * len(INT8_FP32_LAYERS)
-    assert all("DecisionNet/layers.0." in v for v in fp32_matmuls)
+    assert all("PortableNet/layers.0." in v for v in fp32_matmuls)

@@ -23,8 +23,8 @@ INSTRUCTIONS_FLOOR = 8  # tokens the instructions keep at the very least
 
 
 @dataclass(frozen=True)
-class Head:
-    """The question half of a row."""
+class QuestionTokens:
+    """The question half of a row, tokenised once per question (the state half is `StateTokens`)."""
 
     ids: tuple[int, ...]
     markers: tuple[int, ...]
@@ -57,7 +57,7 @@ class Row:
         return self.state_tokens - self.state_tokens_kept
 
 
-def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> Head:
+def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> QuestionTokens:
     """The question half; `head_max_len` is a cap the floors may exceed with very many options."""
     q = tok.encode(f"{question.qtype} question: {tok.sanitize(question.instructions)}")
     texts = [" " + tok.sanitize(text) for text in question.options]
@@ -75,7 +75,7 @@ def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> Head:
         markers.append(len(ids))
         ids.extend(o)
     ids.append(tok.sep_id)
-    return Head(
+    return QuestionTokens(
         ids=tuple(ids),
         markers=tuple(markers),
         options_distinct=len({tuple(o) for o in opts}),
@@ -90,10 +90,10 @@ class HeadCache:
 
     def __init__(self, tok: Tokenizer, head_max_len: int, size: int = 1024):
         self.tok, self.head_max_len, self.size = tok, head_max_len, size
-        self._heads: OrderedDict[tuple, Head] = OrderedDict()
+        self._heads: OrderedDict[tuple, QuestionTokens] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __call__(self, question: Question) -> Head:
+    def __call__(self, question: Question) -> QuestionTokens:
         key = (question.qtype, question.instructions, question.options)
         with self._lock:
             head = self._heads.get(key)
@@ -112,7 +112,7 @@ def tokenize_state(tok: Tokenizer, state: object) -> StateTokens:
     return StateTokens(ids=tuple(tok.encode(tok.sanitize(serialize_state(state)))), keep_end=isinstance(state, list))
 
 
-def build_row(tok: Tokenizer, question: Question, head: Head, state: StateTokens, max_len: int) -> Row:
+def build_row(tok: Tokenizer, question: Question, head: QuestionTokens, state: StateTokens, max_len: int) -> Row:
     """Join a head and a state into one row of at most `max_len` tokens.
 
     Refuses (rather than silently answering from fewer options) a question whose option markers
@@ -143,7 +143,7 @@ def build_row(tok: Tokenizer, question: Question, head: Head, state: StateTokens
 
 def build_rows(
     tok: Tokenizer, state: object, questions: list[Question], max_len: int, head_max_len: int,
-    heads: dict[str, Head] | None = None,
+    heads: dict[str, QuestionTokens] | None = None,
 ) -> list[Row]:
     """Rows of one state, one per question; `heads` lets many states share each question's head."""
     state_tokens = tokenize_state(tok, state)

@@ -247,10 +247,10 @@ def _logit(fitted: dict[str, Any], t: np.ndarray, z: np.ndarray) -> np.ndarray:
 # writing a head into the published shape: act[0] = w_act . GELU(W1 x + b1) + b_act, and every escalate
 # logit w_esc . GELU(W1 x + b1) + b_esc - ln(n_act - 1), so that softmax(act)[0] = sigmoid(act[0] - escalate)
 
-Head = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, float]
+ActParams = tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, float]
 
 
-def _plain_params(n_in: int, reads: str, s: int, b: float) -> Head:
+def _plain_params(n_in: int, reads: str, s: int, b: float) -> ActParams:
     """sigmoid(2^s * t - b). top1: hidden unit 0 = 2048 * top1 (exact, in GELU's identity range) and
     act[0] = 2^s * top1 exactly, the intercept on the escalate side. Entropy: units 2048 H and -2048 H,
     whose GELUs differ by exactly 2048 H, give the escalate logit 2^s * H with no intercept beside it (so
@@ -265,7 +265,7 @@ def _plain_params(n_in: int, reads: str, s: int, b: float) -> Head:
     return w1, np.zeros(2), np.zeros(2), -b, np.array([scale, -scale]), 0.0
 
 
-def _correction_params(fitted: dict[str, Any], mu: np.ndarray, sigma: np.ndarray) -> Head:
+def _correction_params(fitted: dict[str, Any], mu: np.ndarray, sigma: np.ndarray) -> ActParams:
     """The plain head's units, and the correction v . z + c folded back to raw inputs (z = (x - mu) / sigma)
     as the pair u, -u into act[0]: GELU(u) - GELU(-u) = u."""
     s, b = fitted["plain"]
