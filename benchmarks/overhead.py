@@ -10,6 +10,10 @@ process, and over HTTP `POST /v1/systemone` from one keep-alive connection to `l
 default: the model in an engine process) started for the run on the loopback interface. Each
 figure is also given as what it adds to the bare forward, the quantity the targets are about
 (predict <= forward + 0.5 ms, HTTP p50 <= forward + 1.5 ms, p99 <= forward + 5 ms).
+
+Then the hop to the engine process: the engine's `prepare` + `execute` of the request in this process,
+and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
+The difference is two round trips over the pipe; a quarter of it is one hop one way (target 0.3 ms).
 """
 
 from __future__ import annotations
@@ -53,6 +57,17 @@ def line(name: str, ms: list[float], forward: float | None) -> str:
     return f"  {name:34s} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms{extra}"
 
 
+def forward_flops(enc, head_layers: int, lengths: list[int], padded: int) -> float:
+    """Multiply-adds x 2 of one forward over rows padded to `padded` tokens: the encoder's projections
+    and GeGLU, its attention (a window on local layers), the head's layers (attention over the row,
+    a 4d ReLU feed-forward). The scorer and act head read a few vectors and are left out."""
+    d, inner, n = enc.hidden_size, enc.intermediate_size, len(lengths) * padded
+    per_token = enc.num_hidden_layers * (4 * d * d + 3 * d * inner) + head_layers * 12 * d * d
+    attention = sum(2 * d * (padded if enc.is_global(i) else min(padded, enc.local_attention + 1))
+                    for i in range(enc.num_hidden_layers)) + head_layers * 2 * d * padded
+    return 2.0 * n * (per_token + attention)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-r", "--runtime", default="onnx")
@@ -77,8 +92,14 @@ def main() -> None:
         ck = model.checkpoint
         rows = build_rows(ck.tokenizer, STATE, parse_questions(QUESTIONS), ck.config.max_len, ck.config.head_max_len)
         batch = collate(rows, ck.tokenizer.pad_id, length=padded_length(max(len(r.ids) for r in rows)))
+        flops = forward_flops(ck.encoder, ck.config.head_layers, [len(r.ids) for r in rows],
+                              batch.input_ids.shape[1])
+        tiny_rows = build_rows(ck.tokenizer, "ok", parse_questions({"u": {"type": "noul"}}), ck.config.max_len,
+                               ck.config.head_max_len)
+        tiny = collate(tiny_rows, ck.tokenizer.pad_id, length=padded_length(len(tiny_rows[0].ids)))
         print(f"checkpoint: 4 layers, d 128; runtime {model.runtime.name} {model.runtime.precision}, "
-              f"{args.threads} threads; {len(rows)} rows, {int(batch.attention_mask.sum())} tokens")
+              f"{args.threads} threads; {len(rows)} rows, {int(batch.attention_mask.sum())} tokens, padded to "
+              f"{batch.input_ids.shape[1]} each: {flops / 1e6:.0f} MFLOP a forward")
 
         port = free_port()
         log = open(Path(tmp) / "serve.log", "w+")  # noqa: SIM115 - read back on failure
@@ -97,8 +118,9 @@ def main() -> None:
                     if response.status_code != 200:
                         raise SystemExit(f"HTTP {response.status_code}: {response.text[:500]}")
 
-                # interleaved in rounds of 10 calls each, so drift of a shared machine touches all three alike
+                # interleaved in rounds of 10 calls each, so drift of a shared machine touches them all alike
                 calls = {"forward": lambda: model.runtime.forward(batch),
+                         "tiny": lambda: model.runtime.forward(tiny),
                          "predict": lambda: model.predict(STATE, QUESTIONS), "http": post}
                 times: dict[str, list[float]] = {name: [] for name in calls}
                 for call in calls.values():
@@ -113,9 +135,45 @@ def main() -> None:
             log.close()
         forward, predict, http = times["forward"], times["predict"], times["http"]
         f50 = statistics.median(forward)
-        print(line("runtime.forward (2 rows)", forward, None))
+        print(line("runtime.forward (2 rows)", forward, None)
+              + f"   {flops / f50 / 1e6:.0f} GFLOP/s")
+        print(line(f"runtime.forward (1 row, {tiny.input_ids.shape[1]} tokens)", times["tiny"], None)
+              + "   (the fixed cost of a forward)")
         print(line("Model.predict", predict, f50))
         print(line("HTTP, 1 keep-alive connection", http, f50))
+        hop(folder, args, model)
+
+
+def hop(folder: Path, args: argparse.Namespace, model) -> None:
+    """prepare + execute in this process and through the engine process, interleaved."""
+    import functools
+
+    from laya.encoder.engine import EncoderEngine
+    from laya.server.remote import RemoteEngine
+    from laya.server.serve import ModelSpec, ServeOptions, load_engine
+
+    local = EncoderEngine(model)
+    options = ServeOptions(runtime=args.runtime, threads=args.threads)
+    remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(folder), name="enc"), options))
+    try:
+        def run(engine) -> None:
+            engine.execute([engine.prepare([STATE], QUESTIONS)])
+
+        calls = {"local": lambda: run(local), "remote": lambda: run(remote)}
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for call in calls.values():
+            timed(call, 0, warmup=20)
+        for _ in range(max(1, args.repeats // 10)):
+            for name, call in calls.items():
+                time.sleep(0.05)
+                times[name] += timed(call, 10, warmup=1)
+    finally:
+        remote.close()
+    l50 = statistics.median(times["local"])
+    print(line("engine prepare+execute, here", times["local"], None))
+    print(line("the same in the engine process", times["remote"], l50))
+    one_way = (statistics.median(times["remote"]) - l50) / 4
+    print(f"  one hop, one way (a quarter of the p50 difference): {one_way:.3f} ms")
 
 
 if __name__ == "__main__":

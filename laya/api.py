@@ -12,7 +12,7 @@ from typing import Any
 
 from laya.errors import QuestionError
 from laya.limits import LimitExceeded, Limits
-from laya.questions import Problem, check_questions, state_problem
+from laya.questions import Problem, Question, check_questions, state_problem
 from laya.tournament import group_problem
 
 MAX_TOKENS_ALL = 65536  # the state plus every question
@@ -64,8 +64,8 @@ def error_body(detail: Any) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SystemOneRequest:
     model: str | None
-    state: Any
-    questions: dict[str, Any]
+    state: Any  # the state, or the list of states of a /batch request
+    questions: list[Question]  # validated, in the caller's order: the engines take them as they are
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
     tournament: int | None = None  # encoder engine: answer choices of more options by elimination in groups
 
@@ -93,10 +93,11 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
             problems += [p for i, one in enumerate(state) if (p := state_problem(one, (key, i))) is not None]
     elif (problem := state_problem(state)) is not None:
         problems.append(problem)
+    parsed: list[Question] = []
     if "questions" not in body:
         problems.append(Problem(("questions",), "Field required", "missing"))
     else:
-        check_questions(body["questions"], problems)
+        parsed = check_questions(body["questions"], problems)
     reuse = body.get("reuse_prefix")
     if reuse is not None and not isinstance(reuse, bool):
         problems.append(Problem(("reuse_prefix",), "Input should be a valid boolean", "bool_type"))
@@ -105,7 +106,7 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
         problems.append(Problem(("tournament",), message, "int_type"))
     if problems:
         raise ApiError(422, render_problems(problems))
-    return SystemOneRequest(model=model, state=state, questions=body["questions"], reuse_prefix=reuse is not False,
+    return SystemOneRequest(model=model, state=state, questions=parsed, reuse_prefix=reuse is not False,
                             tournament=tournament)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from laya.limits import UNLIMITED, Limits
+from laya.questions import Questions
 from laya.stop import StopFlag
 
 READY = {"state": "ready"}  # an engine in this process is up while the process is
@@ -33,7 +34,7 @@ class Engine(Protocol):
     # then sends each job as it comes instead of batching them here
     batches_where_it_runs: bool
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, **options: Any) -> Job: ...
 
     def execute(self, jobs: list[Job]) -> list[list[dict[str, Any]]]: ...

@@ -7,6 +7,7 @@ from a `Question`, so a question means the same thing on every engine.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,6 +268,11 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
     )
 
 
+# What an engine's `prepare` takes: a request's questions as sent (id -> question), or already
+# validated by the server's parse (a list of `Question`, which `parse_questions` passes through).
+Questions = Mapping[str, Any] | list[Question]
+
+
 def check_questions(questions: Any, problems: list[Problem]) -> list[Question]:
     """All questions of a request in the caller's order (the valid ones; the rest add problems)."""
     if not isinstance(questions, dict):
@@ -300,7 +306,11 @@ def parse_question(qid: Any, spec: Any) -> Question:
 
 
 def parse_questions(questions: Any) -> list[Question]:
-    """All questions of a request, in the caller's order; raises `QuestionError` on the first problem."""
+    """All questions of a request, in the caller's order; raises `QuestionError` on the first problem.
+    Questions validated already (the server's parse gives `Question`s to the engines) pass as they are,
+    so a request is validated once however many processes it crosses."""
+    if isinstance(questions, list) and questions and all(isinstance(q, Question) for q in questions):
+        return list(questions)
     problems: list[Problem] = []
     parsed = check_questions(questions, problems)
     raise_first(problems)

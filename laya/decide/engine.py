@@ -9,7 +9,7 @@ from laya.decide.model import DecideModel, Planned
 from laya.engine import READY
 from laya.errors import Cancelled
 from laya.limits import UNLIMITED, Limits
-from laya.questions import Question
+from laya.questions import Question, Questions
 from laya.stop import StopFlag
 
 
@@ -35,7 +35,7 @@ class DecideEngine:
     def name(self) -> str:
         return self.model.name
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None
                 ) -> DecideJob:
         """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)

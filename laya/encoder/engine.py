@@ -9,6 +9,7 @@ from laya.api import check_budgets
 from laya.engine import READY
 from laya.limits import UNLIMITED, Limits
 from laya.model import Model, Prepared
+from laya.questions import Questions
 from laya.stop import StopFlag
 
 
@@ -25,7 +26,7 @@ class EncoderEngine:
     def name(self) -> str:
         return self.model.name
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, tournament: int | None = None, **options: Any) -> Prepared:
         """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
         A tournament's rows count against the limits: every group of every round and the final row.

@@ -25,6 +25,7 @@ from starlette.datastructures import MutableHeaders
 from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone, question_error, usage_error
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
+from laya.questions import Question
 from laya.server import heap
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded, PassThrough, Unavailable
@@ -408,7 +409,8 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         deadline = request.scope.get("state", {}).get("deadline")
         return (deadline if deadline is not None else time.monotonic() + budget), budget
 
-    async def answer(request: Request, name: str, states: list[Any], questions: dict, **options: Any) -> list[dict]:
+    async def answer(request: Request, name: str, states: list[Any], questions: list[Question], **options: Any
+                     ) -> list[dict]:
         engine, batcher = served.engines[name], served.batchers[name]
         deadline, budget = deadline_of(request)
         rows = len(states) * len(questions)

@@ -36,6 +36,7 @@ from ray.serve.handle import DeploymentHandle
 
 from laya.errors import LayaError
 from laya.limits import Limits
+from laya.questions import Question
 from laya.server import heap
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Timing, Unavailable
@@ -166,7 +167,7 @@ class ModelReplica:
         """Which process this replica is and how many requests it answered (tests, operators)."""
         return {"pid": os.getpid(), "answered": self.answered}
 
-    async def answer(self, states: list[Any], questions: dict[str, Any], limits: Limits,
+    async def answer(self, states: list[Any], questions: list[Question], limits: Limits,
                      options: dict[str, Any], seconds_left: float | None = None) -> tuple:
         """`("ok", results, timing)` or `("error", exception)`: a refusal travels back as a value, with
         its type and fields, rather than wrapped in Ray's task error. Past `seconds_left` the job stops
@@ -203,7 +204,7 @@ class RayJob:
     """A request for one model, sent whole to a replica (prepared and run there)."""
 
     states: list[Any]
-    questions: dict[str, Any]
+    questions: list[Question]
     limits: Limits
     options: dict[str, Any]
     n_rows: int
@@ -230,7 +231,7 @@ class RayEngine:
         info = await handle.describe.remote()
         return cls(handle, info, deployment, wait_s=wait_s, retry_after_s=retry_after_s)
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits, deadline: float | None = None,
+    def prepare(self, states: list[Any], questions: list[Question], *, limits: Limits, deadline: float | None = None,
                 **options: Any) -> RayJob:
         """(Validated and counted against the limits in the replica, as `laya serve` does in its engine.)"""
         return RayJob(states, questions, limits, options, n_rows=len(states) * len(questions),

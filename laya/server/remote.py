@@ -40,6 +40,7 @@ from typing import Any
 
 from laya.errors import LayaError
 from laya.limits import UNLIMITED, Limits
+from laya.questions import Questions
 from laya.server import heap
 from laya.server.batcher import Unavailable
 from laya.stop import StopFlag, after
@@ -290,7 +291,7 @@ class RemoteEngine:
         return link
 
     # the Engine shape
-    def prepare(self, states: list[Any], questions: dict[str, Any], *, limits: Limits = UNLIMITED,
+    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, **options: Any) -> RemoteJob:
         link = self._link_now()
         request = (states, questions, limits, options)
