@@ -24,13 +24,14 @@ import numpy as np
 from laya.questions import Question
 
 DEFAULT_GROUP = 16
+MIN_GROUP, MAX_GROUP = 2, 255  # the group sizes a request may ask for (`tournament`)
 
 
 def group_problem(value: object) -> str | None:
     """Why `value` is not a tournament group size (an integer from 2 to 255), or None."""
-    if value is None or (not isinstance(value, bool) and isinstance(value, int) and 2 <= value <= 255):
+    if value is None or (not isinstance(value, bool) and isinstance(value, int) and MIN_GROUP <= value <= MAX_GROUP):
         return None
-    return f"tournament must be a group size from 2 to 255, got {str(value)[:40]!r}"
+    return f"tournament must be a group size from {MIN_GROUP} to {MAX_GROUP}, got {str(value)[:40]!r}"
 
 
 def groups_of(indices: list[int], group: int) -> list[list[int]]:

@@ -26,12 +26,12 @@ from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone,
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
 from laya.questions import Question
+from laya.schema import request_schema
 from laya.server import heap
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import InferenceFailed, MicroBatcher, Overloaded, PassThrough, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, parse_json, read_body
 from laya.server.metrics import Metrics
-from laya.server.openapi import BATCH_SCHEMA, REQUEST_SCHEMA
 
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
@@ -469,7 +469,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         return results
 
     @app.post("/v1/systemone", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": REQUEST_SCHEMA}}}})
+        "application/json": {"schema": request_schema(config.limits)}}}})
     async def systemone(request: Request):
         """Answer typed questions (choice, score, noul) about one state."""
         check_auth(request)
@@ -480,7 +480,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
         return JSONResponse(result)
 
     @app.post("/v1/systemone/batch", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": BATCH_SCHEMA}}}})
+        "application/json": {"schema": request_schema(config.limits, batch=True)}}}})
     async def systemone_batch(request: Request):
         """The same questions over many states, in shared forward passes."""
         check_auth(request)

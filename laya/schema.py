@@ -1,0 +1,70 @@
+"""The JSON Schema of a System One request, built from the rules `laya.questions` and `laya.api`
+validate with (their bounds, the server's limits), for the OpenAPI document: what the document says
+a server accepts is what it accepts. A test holds the two to the same verdict on a table of bodies.
+
+A few rules are beyond JSON Schema and are stated in descriptions only: noul criteria keys and label
+keys are case-insensitive but may not repeat ("true" and "True"), the two labels must differ once
+stripped, and the token budgets are counted as the rows are built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from laya.limits import Limits
+from laya.questions import MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS
+from laya.tournament import MAX_GROUP, MIN_GROUP
+
+TEXT: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
+                        "description": "structured text: a string, a JSON object or a JSON array"}
+OPTIONAL_TEXT: dict[str, Any] = {"anyOf": [*TEXT["anyOf"], {"type": "null"}]}
+TRUE_OR_FALSE = {"pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"}
+INSTRUCTIONS = {**OPTIONAL_TEXT, "description": "what to decide, in words"}
+
+
+def question_schema() -> dict[str, Any]:
+    noul = {"type": "object", "title": "noul", "required": ["type"], "properties": {
+        "type": {"const": "noul"}, "instructions": INSTRUCTIONS,
+        "criteria": {"anyOf": [{"type": "null"}, {
+            "type": "object", "propertyNames": TRUE_OR_FALSE, "additionalProperties": OPTIONAL_TEXT,
+            "description": "what 'true' and 'false' mean (keys case-insensitive, each at most once)"}]},
+        "labels": {"anyOf": [{"type": "null"}, {
+            "type": "object", "minProperties": 2, "maxProperties": 2, "propertyNames": TRUE_OR_FALSE,
+            "additionalProperties": {"type": "string", "pattern": "\\S"},
+            "description": "the names the answer uses for false and true (two different non-empty strings)"}]}}}
+    choice = {"type": "object", "title": "choice", "required": ["type", "criteria"], "properties": {
+        "type": {"const": "choice"}, "instructions": INSTRUCTIONS,
+        "criteria": {"oneOf": [
+            {"type": "object", "minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS,
+             "additionalProperties": OPTIONAL_TEXT, "description": "option name -> description (or null)"},
+            {"type": "array", "minItems": MIN_OPTIONS, "maxItems": MAX_OPTIONS, "uniqueItems": True,
+             "items": {"type": "string"}, "description": "option names"}]}}}
+    score = {"type": "object", "title": "score", "required": ["type", "criteria"], "properties": {
+        "type": {"const": "score"}, "instructions": INSTRUCTIONS,
+        "criteria": {"type": "array", "minItems": MIN_LEVELS, "maxItems": MAX_LEVELS, "items": TEXT,
+                     "description": "level descriptions, level 0 first"}}}
+    return {"oneOf": [noul, choice, score], "discriminator": {"propertyName": "type"}}
+
+
+def request_schema(limits: Limits | None = None, *, batch: bool = False) -> dict[str, Any]:
+    """`/v1/systemone` (or, with `batch`, `/v1/systemone/batch`) as this server accepts it."""
+    limits = limits or Limits()
+    states = ({"states": {"type": "array", "minItems": 1, "maxItems": limits.max_states, "items": TEXT}}
+              if batch else {"state": TEXT})
+    return {
+        "type": "object", "title": "SystemOneBatchRequest" if batch else "SystemOneRequest",
+        "required": [*states, "questions"],
+        "properties": {
+            "model": {"type": ["string", "null"], "description": "jev-latest, jev-preview or a served model"},
+            **states,
+            "questions": {"type": "object", "minProperties": 1, "maxProperties": limits.max_questions,
+                          "propertyNames": {"minLength": 1}, "additionalProperties": question_schema()},
+            "reuse_prefix": {"type": ["boolean", "null"],
+                             "description": "decide engine: false prefills the request whole, leaving the kept "
+                                            "state alone (default true)"},
+            "tournament": {"anyOf": [{"type": "integer", "minimum": MIN_GROUP, "maximum": MAX_GROUP},
+                                     {"type": "null"}],
+                           "description": "encoder engine: answer every choice of more options by elimination "
+                                          "in groups of this size"},
+        },
+    }
