@@ -1,0 +1,270 @@
+"""The HTTP routes, as plain module-level functions over one `Context` (what the server has loaded,
+its configuration, metrics and admission), which `create_app` puts on `app.state.context`.
+
+A decision request goes in a straight line: `read_json` (media type, body, JSON, one validation into
+a typed `SystemOneRequest`), `resolve` (the model), `answer` (admission in rows, the engine's
+`prepare` off the event loop, the batcher, the deadline and the caller's disconnect watched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from laya.api import ALIASES, ApiError, check_size, error_body, parse_systemone, question_error, usage_error
+from laya.errors import QuestionError
+from laya.limits import Limits
+from laya.questions import Question
+from laya.schema import request_schema
+from laya.server.admission import Admission
+from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
+from laya.server.body import check_media_type, check_tree, decode, parse_json, read_body
+from laya.server.metrics import Metrics
+from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass
+class Context:
+    """What every route reads: set once by `create_app`, the same object for the server's life."""
+
+    config: ServerConfig
+    served: Served
+    metrics: Metrics
+    admission: Admission | None = None  # built right after, over this context's retry_after and rows_per_s
+
+    def retry_after(self) -> int:
+        """Seconds until the work queued now has drained, at the measured rate (the slowest model)."""
+        return max((b.retry_after() for b in self.served.batchers.values()), default=self.config.retry_after_s)
+
+    def rows_per_s(self) -> float | None:
+        """The slowest served model's measured drain rate."""
+        rates = [b.drain.rows_per_s for b in self.served.batchers.values() if b.drain.rows_per_s]
+        return min(rates) if rates else None
+
+    def check_auth(self, request: Request) -> None:
+        if not self.config.api_key:
+            return
+        header = request.headers.get("authorization")
+        if not header:
+            raise usage_error(403, "authentication_error", "missing API key: send 'Authorization: Bearer <key>'")
+        scheme, _, token = header.partition(" ")
+        key = self.config.api_key.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise usage_error(401, "authentication_error", "invalid API key")
+
+    def resolve(self, name: str | None) -> str:
+        if not self.served.ready:
+            raise usage_error(503, "overloaded_error", "the models are still loading",
+                              {"Retry-After": str(max(1, self.config.retry_after_s))})
+        if name is None or name in ALIASES or (name.startswith("jev-") and name not in self.served.engines):
+            return self.served.default  # type: ignore[return-value]
+        if name not in self.served.engines:
+            raise usage_error(404, "api_usage_error",
+                              f"unknown model {name!r}; this server serves {', '.join(self.served.engines)}")
+        return name
+
+    async def read_json(self, request: Request, batch: bool = False) -> Any:
+        """The validated request: media type, body and JSON checked, parsed off the event loop."""
+        headers = request.headers
+        check_media_type(headers.get("content-type"), browser="origin" in headers or "sec-fetch-mode" in headers)
+        raw = await read_body(request, self.config.max_body_bytes)
+
+        def parse() -> Any:
+            data = decode(raw, headers.get("content-encoding"), self.config.max_body_bytes)
+            body = parse_json(data)
+            if isinstance(body, dict):
+                check_size(body, batch, self.config.limits)  # counted before anything is walked or validated
+            check_tree(body, data)
+            return parse_systemone(body, batch=batch, limits=self.config.limits)
+
+        return await run_in_threadpool(parse)
+
+    def overloaded(self, detail: str, retry_after: int) -> ApiError:
+        return usage_error(429, "rate_limit_error", f"too many requests in flight ({detail}); retry after "
+                                                    f"{retry_after} s", {"Retry-After": str(retry_after)})
+
+    def unavailable(self, name: str, exc: Unavailable) -> ApiError:
+        self.metrics.unavailable(name)
+        return usage_error(503, "overloaded_error", f"{exc}; retry after {exc.retry_after} s",
+                           {"Retry-After": str(exc.retry_after)})
+
+    def deadline_of(self, request: Request) -> tuple[float, float]:
+        """The request's deadline (monotonic) and its budget in seconds; a bad header is a 400."""
+        budget, problem = request_timeout(request.headers.get(TIMEOUT_HEADER), self.config)
+        if problem:
+            raise usage_error(400, "invalid_request_error", problem)
+        deadline = request.scope.get("state", {}).get("deadline")
+        return (deadline if deadline is not None else time.monotonic() + budget), budget
+
+    async def answer(self, request: Request, name: str, states: list[Any], questions: list[Question], **options: Any
+                     ) -> list[dict]:
+        engine, batcher = self.served.engines[name], self.served.batchers[name]
+        deadline, budget = self.deadline_of(request)
+        rows = len(states) * len(questions)
+        self.admission.note_rows(rows)
+        try:  # admission in rows, before tokenising: under overload a 429 must cost next to nothing
+            batcher.reserve(rows)
+        except Overloaded as exc:
+            raise self.overloaded(str(exc), exc.retry_after) from exc
+        try:
+            job = await run_in_threadpool(engine.prepare, states, questions, limits=self.config.limits,
+                                          deadline=deadline, **options)
+        except QuestionError as exc:
+            batcher.release(rows)
+            raise question_error(exc) from exc
+        except Unavailable as exc:
+            batcher.release(rows)
+            raise self.unavailable(name, exc) from exc
+        except BaseException:
+            batcher.release(rows)
+            raise
+        request.state.log.update(model=name, questions=len(questions), states=len(states))
+        work = engine.rows(job)  # a tournament takes more rows than states x questions
+        batcher.resize(rows, work)
+        task = asyncio.ensure_future(batcher.submit(job, work))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            if done:
+                break
+            gone = await request.is_disconnected()
+            if gone or time.monotonic() >= deadline:  # stop its remaining forward passes / decisions
+                job.cancelled.set()
+                task.cancel()
+                if gone:
+                    request.state.log.update(disconnected=True)
+                    raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
+                request.state.log.update(timed_out=True)
+                raise timeout_error(budget, self.config)
+        try:
+            results, timing = task.result()
+        except Overloaded as exc:
+            raise self.overloaded(str(exc), exc.retry_after) from exc
+        except Unavailable as exc:
+            raise self.unavailable(name, exc) from exc
+        except QuestionError as exc:
+            raise question_error(exc) from exc
+        except InferenceFailed as exc:
+            raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
+        if len(results) != len(states) and job.cancelled.is_set():  # stopped by its deadline where it ran
+            request.state.log.update(timed_out=True)
+            raise timeout_error(budget, self.config)
+        request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),
+                                 queue_ms=round(timing.queue_ms, 2), inference_ms=round(timing.inference_ms, 2),
+                                 batch_jobs=timing.batch_jobs, batch_rows=timing.batch_rows)
+        for result in results:
+            result["model"] = name
+        return results
+
+
+async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
+
+
+async def systemone(request: Request):
+    """Answer typed questions (choice, score, noul) about one state."""
+    ctx: Context = request.app.state.context
+    ctx.check_auth(request)
+    req = await ctx.read_json(request)
+    name = ctx.resolve(req.model)
+    (result,) = await ctx.answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix,
+                                 tournament=req.tournament)
+    return JSONResponse(result)
+
+
+async def systemone_batch(request: Request):
+    """The same questions over many states, in shared forward passes."""
+    ctx: Context = request.app.state.context
+    ctx.check_auth(request)
+    req = await ctx.read_json(request, batch=True)
+    name = ctx.resolve(req.model)
+    results = await ctx.answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix,
+                               tournament=req.tournament)
+    total = sum(r["usage"]["input_tokens"] for r in results)
+    return JSONResponse({"model": name, "results": results,
+                         "total_usage": {"input_tokens": total, "output_tokens": 0}})
+
+
+async def models(request: Request):
+    """Served models and the jev aliases, in Jev's shape."""
+    ctx: Context = request.app.state.context
+    ctx.check_auth(request)
+    out = [{"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
+           for n, e in ctx.served.engines.items()]
+    if ctx.served.default:
+        out += [{"name": alias, "description": f"alias of {ctx.served.default}",
+                 "release_date": ctx.served.engines[ctx.served.default].release_date or "2026-01-01"}
+                for alias in ALIASES]
+    return {"models": out}
+
+
+async def health(request: Request):
+    """Liveness, what is loaded, on which runtime and device."""
+    ctx: Context = request.app.state.context
+    unready = ctx.served.unready()
+    status = "draining" if ctx.served.draining else "degraded" if unready or ctx.served.load_errors else "ok"
+    return {"status": status, "ready": ctx.served.ready and not unready and not ctx.served.draining,
+            "default": ctx.served.default,
+            "models": {n: {**e.describe(), "status": e.status()} for n, e in ctx.served.engines.items()},
+            "queue_rows": {n: b.pending_rows for n, b in ctx.served.batchers.items()},
+            "load_errors": ctx.served.load_errors}
+
+
+async def ready(request: Request):
+    """200 while every model can answer; 503 while loading, while a model's engine process is
+    restarting or down (naming it and why), and while the server drains to stop."""
+    ctx: Context = request.app.state.context
+    unready = ctx.served.unready()
+    if ctx.served.ready and not unready and not ctx.served.draining:
+        return {"ready": True}
+    body: dict[str, Any] = {"ready": False}
+    if ctx.served.draining:
+        body["draining"] = True
+    if not ctx.served.ready:
+        body["loading"] = not ctx.served.load_errors
+    if unready:
+        body["models"] = {n: {k: v for k, v in st.items() if k in ("state", "reason", "since")}
+                          for n, st in unready.items()}
+    if ctx.served.load_errors:
+        body["load_errors"] = ctx.served.load_errors
+    retry = max([1] + [st.get("retry_after_s", 1) for st in unready.values()])
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
+
+
+async def prometheus(request: Request):
+    ctx: Context = request.app.state.context
+    return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def demo(request: Request):
+    return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+
+async def favicon(request: Request):
+    return Response(status_code=204)
+
+
+def register(app: FastAPI, limits: Limits) -> None:
+    """The routes on `app`; the request schemas in the OpenAPI document are those of `limits`."""
+
+    def body(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    app.add_api_route("/v1/systemone", systemone, methods=["POST"], openapi_extra=body(request_schema(limits)))
+    app.add_api_route("/v1/systemone/batch", systemone_batch, methods=["POST"],
+                      openapi_extra=body(request_schema(limits, batch=True)))
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ready", ready, methods=["GET"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"], response_class=PlainTextResponse)
+    app.add_api_route("/", demo, methods=["GET"], response_class=HTMLResponse, include_in_schema=False)
+    app.add_api_route("/favicon.ico", favicon, methods=["GET"], include_in_schema=False)
