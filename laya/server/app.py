@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 
 from laya.api import ApiError
+from laya.engine import Engine
 from laya.errors import LayaError
 from laya.server import heap, routes
 from laya.server.admission import SHED_ROUTES, Admission
@@ -181,7 +182,7 @@ def _request_id(scope) -> bytes | None:
     return next((v for k, v in scope.get("headers", ()) if k.lower() == REQUEST_ID.encode()), None)
 
 
-def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None,
+def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = None,
                on_load_failure: Callable[[], None] | None = None, drain_signals: bool = False) -> FastAPI:
     """`load` returns the engines to serve (the first is the default); it runs after start-up, so
     /health and /ready answer while models load. If it fails, `on_load_failure` is called.
@@ -212,7 +213,7 @@ def create_app(load: Callable[[], list[Any]], config: ServerConfig | None = None
                 return
             loop.call_soon_threadsafe(_activate, engines)
 
-        def _activate(engines: list[Any]) -> None:
+        def _activate(engines: list[Engine]) -> None:
             if config.http_nice:  # this thread (the event loop) and the threads it starts from now on
                 try:
                     os.nice(config.http_nice)

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.engine import Engine, Job
 from laya.errors import QuestionError
 
 log = logging.getLogger("laya.server")
@@ -47,7 +48,7 @@ class Timing:
 
 @dataclass
 class _Item:
-    job: Any
+    job: Job
     rows: int
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
@@ -78,7 +79,7 @@ class DrainRate:
 
 
 class MicroBatcher:
-    def __init__(self, engine: Any, *, max_wait_ms: float = 0.0, max_rows: int = 64, max_pending_rows: int = 512,
+    def __init__(self, engine: Engine, *, max_wait_ms: float = 0.0, max_rows: int = 64, max_pending_rows: int = 512,
                  on_batch=None):
         self.engine = engine
         self.max_wait = max_wait_ms / 1000.0
@@ -127,7 +128,7 @@ class MicroBatcher:
         """A prepared job takes `rows` where `reserved` were counted at admission (a tournament takes more)."""
         self.pending_rows += rows - reserved
 
-    async def submit(self, job: Any, rows: int) -> tuple[list[dict], Timing]:
+    async def submit(self, job: Job, rows: int) -> tuple[list[dict], Timing]:
         """Run a job whose `rows` were reserved; the reservation is released when it is done."""
         if self._queue is None:
             raise RuntimeError("batcher not started")
@@ -218,7 +219,7 @@ class PassThrough(MicroBatcher):
     the replicas' own (rows per second of a forward batch, as each answer reports it): one replica's
     rate, so with several the door and Retry-After err on the side of waiting."""
 
-    def __init__(self, engine: Any, *, max_pending_rows: int = 512, on_batch=None, **_ignored: Any):
+    def __init__(self, engine: Engine, *, max_pending_rows: int = 512, on_batch=None, **_ignored: Any):
         super().__init__(engine, max_pending_rows=max_pending_rows, on_batch=on_batch)
 
     def start(self) -> None:
@@ -227,7 +228,7 @@ class PassThrough(MicroBatcher):
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, job: Any, rows: int) -> tuple[list[dict], Timing]:
+    async def submit(self, job: Job, rows: int) -> tuple[list[dict], Timing]:
         if self._queue is None:
             raise RuntimeError("batcher not started")
         self.pending_jobs += 1

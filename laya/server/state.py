@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laya.api import ApiError, usage_error
+from laya.engine import Engine
 from laya.limits import Limits
 from laya.server.batcher import MicroBatcher
 
@@ -46,7 +47,7 @@ class ServerConfig:
 class Served:
     """What the server has loaded; filled by a background thread so /ready can say 503 meanwhile."""
 
-    engines: dict[str, Any] = field(default_factory=dict)
+    engines: dict[str, Engine] = field(default_factory=dict)
     batchers: dict[str, MicroBatcher] = field(default_factory=dict)
     default: str | None = None
     ready: bool = False
