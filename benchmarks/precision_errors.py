@@ -50,10 +50,10 @@ def main() -> None:
     import torch
     from laya.models.testgen import ADVERSARIAL, TestCheckpointSpec, write_test_checkpoint
 
-    from laya.checkpoint import load_checkpoint
+    from laya.encoder.checkpoint import load_checkpoint
+    from laya.encoder.runtimes import pytorch as tr
     from laya.gate import measure
     from laya.hardware import cpu
-    from laya.runtimes import pytorch as tr
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from laya.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 
 GENERAL = "general.mlpackage"
@@ -218,7 +218,7 @@ def torch_programs(checkpoint: Checkpoint, ane: bool = True):
     import torch
     from laya.export.ane_net import SLOTS, AneNet
 
-    from laya.runtimes.coreml import HostParts, Programs
+    from laya.encoder.runtimes.coreml import HostParts, Programs
 
     def wrap(module, names, outputs):
         def predict(feeds):
@@ -244,7 +244,7 @@ def torch_programs(checkpoint: Checkpoint, ane: bool = True):
 def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
     """What `laya.load(checkpoint, runtime="coreml", ...)` hands the runtime: a bundle converted on first
     use into the cache, or (executor="torch") the torch programs."""
-    from laya.runtimes.coreml import check_options
+    from laya.encoder.runtimes.coreml import check_options
 
     check_options(options.get("executor", "coreml"), options.get("compute_units", "cpu_and_gpu"))
     ane = options.get("ane", True)

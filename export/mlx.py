@@ -1,15 +1,15 @@
 """`laya export mlx`: a checkpoint's tensors as an MLX bundle (fp16 or fp32), no torch needed to run it.
 
-The bundle keeps the checkpoint's tensor names, so the one name mapping stays in `laya.runtimes.mlx`.
+The bundle keeps the checkpoint's tensor names, so the one name mapping stays in `laya.encoder.runtimes.mlx`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from laya.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.runtimes.mlx import WEIGHTS
 from laya.errors import CheckpointError
-from laya.runtimes.mlx import WEIGHTS
 
 
 def export_bundle(checkpoint: Checkpoint, out: Path, precision: str = "fp16") -> dict:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from laya.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint
 
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
@@ -97,8 +97,8 @@ def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> di
     The runtime runs int8 rows one by one, so batch dependence is 0 unless that breaks;
     `padded_batch_max_dp` shows the drift a padded int8 batch would have had, for information.
     """
+    from laya.encoder.runtimes.onnx import OnnxRuntime
     from laya.gate import measure
-    from laya.runtimes.onnx import OnnxRuntime
 
     fp32 = OnnxRuntime.from_graph(fp32_path, "fp32")
     int8 = OnnxRuntime.from_graph(int8_path, "int8")
@@ -224,7 +224,7 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
 
 def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
     """What `laya.load(checkpoint, runtime="onnx", ...)` hands the runtime: a bundle exported on first use."""
-    from laya.runtimes.onnx import check_precision
+    from laya.encoder.runtimes.onnx import check_precision
 
     precision = options.get("precision", "fp32")
     check_precision(precision)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laya.checkpoint import Checkpoint
 from laya.config import EncoderConfig
+from laya.encoder.checkpoint import Checkpoint
 from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
 
 # Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
@@ -113,7 +113,7 @@ class EncoderLayer(nn.Module):
 class PortableNet(nn.Module):
     """Encoder, decision head and act head in plain torch operations (no `transformers` modules), so
     that it traces into ONNX and Core ML graphs; `load` fills it from a checkpoint's tensors. The
-    reference network that answers and trains is `laya.runtimes.pytorch.DecisionNet`."""
+    reference network that answers and trains is `laya.encoder.runtimes.pytorch.DecisionNet`."""
 
     def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, max_len: int,
                  attention: Callable = attend):
@@ -127,7 +127,7 @@ class PortableNet(nn.Module):
         self.final_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
         self.rope_global = Rope(enc.global_rope_theta, enc.head_dim, max_len)
         self.rope_local = Rope(enc.local_rope_theta, enc.head_dim, max_len)
-        from laya.runtimes.pytorch import Head
+        from laya.encoder.runtimes.pytorch import Head
 
         self.head = Head(d, head_layers)
         self.type_emb = nn.Embedding(3, d)

@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from laya.encoder.model import Model
 from laya.errors import CheckpointError, LayaError, QuestionError, RuntimeUnavailable
-from laya.model import Model
 
 __version__ = "0.1.0"
 __all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUnavailable", "load", "train"]
@@ -63,7 +63,7 @@ def load(
     without timing) and to the bundle's own runtime for an exported bundle; runtime options
     (`threads`, `precision`, `force`, ...) go to the runtime.
     """
-    from laya.loading import build_runtime, load_model_checkpoint
+    from laya.encoder.loading import build_runtime, load_model_checkpoint
 
     checkpoint, default_name, bundle_kind = load_model_checkpoint(
         model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only

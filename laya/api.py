@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.encoder.tournament import group_problem
 from laya.errors import QuestionError
 from laya.limits import LimitExceeded, Limits
 from laya.questions import Problem, Question, check_questions, state_problem
-from laya.tournament import group_problem
 
 MAX_TOKENS_ALL = 65536  # the state plus every question
 MAX_TOKENS_ONE = 32768  # the state plus the longest question

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from laya.encoder.batch import collate, padded_length
-from laya.model import Model
+from laya.encoder.model import Model
 
 if TYPE_CHECKING:
     from laya.hardware import Cpu
@@ -174,8 +174,8 @@ def pick_candidates(force: bool = False, machine: Cpu | None = None) -> list[str
     """What `laya bench --pick` and auto's first-load measurement time: every runtime and precision
     installed here that auto could run (torch first, the reference; bf16 only on a processor with
     bf16 units, where it can pay)."""
+    from laya.encoder.runtimes.base import available_runtimes
     from laya.hardware import cpu
-    from laya.runtimes.base import available_runtimes
 
     have, machine = set(available_runtimes()), machine or cpu()
     out = []

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from laya.checkpoint import CONFIG_FILE, ENCODER_CONFIG, TOKENIZER_DIR, Checkpoint
+from laya.encoder.checkpoint import CONFIG_FILE, ENCODER_CONFIG, TOKENIZER_DIR, Checkpoint
 from laya.errors import CheckpointError
 
 MANIFEST = "manifest.json"

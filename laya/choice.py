@@ -44,8 +44,8 @@ from laya.errors import LayaError, RuntimeUnavailable
 from laya.hardware import Cpu, cpu
 
 if TYPE_CHECKING:
-    from laya.checkpoint import Checkpoint
-    from laya.runtimes.base import Runtime
+    from laya.encoder.checkpoint import Checkpoint
+    from laya.encoder.runtimes.base import Runtime
 
 log = logging.getLogger("laya")
 AUTO = "auto"
@@ -253,10 +253,10 @@ def candidates(checkpoint: Checkpoint, machine: Cpu | None = None) -> list[Candi
 
 def _accepted(runtime: str, options: dict[str, Any]) -> dict[str, Any]:
     """The caller's general options (threads, cache_dir) that this candidate takes."""
-    from laya.runtimes.base import runtime_class
+    from laya.encoder.runtimes.base import runtime_class
 
     names = set(inspect.signature(runtime_class(runtime).__init__).parameters)
-    from laya.loading import EXPORTED_ON_FIRST_USE
+    from laya.encoder.loading import EXPORTED_ON_FIRST_USE
 
     return {k: v for k, v in options.items()
             if k in names or (k == "cache_dir" and runtime in EXPORTED_ON_FIRST_USE)}
@@ -325,7 +325,7 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
     """The stored pick, else the fastest faithful candidate timed now (and stored); None leaves the
     choice to the fixed rule (no torch to measure against), with the reason in `passed_over`."""
     from laya import bench
-    from laya.model import Model
+    from laya.encoder.model import Model
 
     fingerprint = checkpoint.fingerprint
     pick = stored_pick(fingerprint, machine)
@@ -467,7 +467,7 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
 
 def build_routed(checkpoint: Checkpoint, options: dict[str, Any],
                  build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> Runtime:
-    from laya.runtimes.routed import RoutedRuntime
+    from laya.encoder.runtimes.routed import RoutedRuntime
 
     neural_engine = build("coreml", checkpoint, {"executor": "coreml" if sys.platform == "darwin" else "torch",
                                                  "ane": True, **{k: v for k, v in options.items()

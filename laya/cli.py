@@ -248,7 +248,7 @@ def calibration_args(values: list[str] | None, models: list[str] | None) -> dict
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from laya.loading import load_model_checkpoint
+    from laya.encoder.loading import load_model_checkpoint
 
     checkpoint, _, kind = load_model_checkpoint(args.model, revision=args.revision, subfolder=args.subfolder,
                                                 sha256=args.sha256)

@@ -21,8 +21,8 @@ import numpy as np
 from laya.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
-    from laya.checkpoint import Checkpoint
     from laya.encoder.batch import Batch
+    from laya.encoder.checkpoint import Checkpoint
     from laya.encoder.rows import Row
     from laya.questions import Question
 

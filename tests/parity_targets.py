@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.encoder.runtimes import RUNTIMES, available_runtimes
 from laya.gate import BOUNDS
-from laya.runtimes import RUNTIMES, available_runtimes
 
 REFERENCE = "torch"
 AUTO = "auto"

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from laya.calibration.metrics import auroc
-from laya.runtimes.pytorch import act_features
+from laya.encoder.runtimes.pytorch import act_features
 from laya.training.act import MARGIN, WIN_SHARE, fit_act_head, fit_top_probability, top_probability_state
 from laya.training.loop import pick_precision
 from laya.training.run import FP32_TENSORS

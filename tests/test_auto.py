@@ -12,10 +12,10 @@ from conftest import load_quiet
 import laya
 from laya import choice
 from laya.cli import main
+from laya.encoder.runtimes import pytorch
 from laya.errors import RuntimeUnavailable
 from laya.gate import BOUNDS, GateFailed
 from laya.hardware import Cpu
-from laya.runtimes import pytorch
 
 QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
              "u": {"type": "noul", "instructions": "Urgent?"}}
@@ -120,7 +120,7 @@ def test_auto_chooses_bf16_where_it_passes(monkeypatch, checkpoint_dir):
 def test_the_rule_in_order(monkeypatch, checkpoint_dir):
     import warnings
 
-    from laya.checkpoint import load_checkpoint
+    from laya.encoder.checkpoint import load_checkpoint
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -177,7 +177,7 @@ def test_info_and_health_show_the_choice(checkpoint_dir, capsys, monkeypatch):
 def test_routed_runtime_sends_each_row_where_it_fits(checkpoint_dir):
     """The Apple route (Neural Engine programs for rows that fit, another runtime for the rest), built here
     from the Core ML torch executor: every answer equals the reference, and both routes take rows."""
-    from laya.runtimes.routed import RoutedRuntime
+    from laya.encoder.runtimes.routed import RoutedRuntime
 
     neural_engine = load_quiet(checkpoint_dir, "coreml", executor="torch").runtime
     reference = load_quiet(checkpoint_dir, "torch")

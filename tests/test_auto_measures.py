@@ -20,9 +20,9 @@ from live_server import LiveServer
 
 from laya import bench, choice, hardware
 from laya.cli import main
+from laya.encoder.runtimes import base, pytorch
 from laya.errors import RuntimeUnavailable
 from laya.hardware import Cpu
-from laya.runtimes import base, pytorch
 
 LENGTHS = (16, 48)  # instead of 128 / 512: the same code, shorter rows
 

@@ -14,7 +14,7 @@ from laya.models.registry import REGISTRY
 from safetensors.numpy import load_file, save_file
 
 import laya
-from laya.checkpoint import load_checkpoint, sha256_of
+from laya.encoder.checkpoint import load_checkpoint, sha256_of
 from laya.errors import CheckpointError
 
 

@@ -15,9 +15,9 @@ need("coremltools", "the [coreml] extra is not installed")
 
 from laya.export.coreml import ane_buckets, export_bundle, general_lengths  # noqa: E402
 
-from laya.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.runtimes import mil  # noqa: E402
 from laya.errors import RuntimeUnavailable  # noqa: E402
-from laya.runtimes import mil  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
 QUESTIONS = BUNDLE_QUESTIONS

@@ -19,7 +19,7 @@ from hub_standin import HubStandIn
 from laya.models.registry import REGISTRY
 from live_server import free_port
 
-from laya.checkpoint import sha256_of
+from laya.encoder.checkpoint import sha256_of
 
 ENTRY = REGISTRY["laya-multilingual"]
 QUESTIONS = {"u": {"type": "noul", "instructions": "Urgent?"}}

@@ -10,11 +10,11 @@ import sys
 import pytest
 from conftest import load_quiet, need
 
-from laya.checkpoint import load_checkpoint
+from laya.encoder.checkpoint import load_checkpoint
 from laya.errors import CheckpointError, RuntimeUnavailable
 
-RUNTIME_MODULES = ["laya.runtimes.onnx", "laya.runtimes.coreml", "laya.runtimes.mlx", "laya.runtimes.pytorch",
-                   "laya.runtimes.mil", "laya.runtimes"]
+RUNTIME_MODULES = ["laya.encoder.runtimes.onnx", "laya.encoder.runtimes.coreml", "laya.encoder.runtimes.mlx",
+                   "laya.encoder.runtimes.pytorch", "laya.encoder.runtimes.mil", "laya.encoder.runtimes"]
 
 
 def test_no_runtime_module_imports_the_exporters():
@@ -28,7 +28,7 @@ def test_no_runtime_module_imports_the_exporters():
 
 def test_a_runtime_given_a_bare_checkpoint_says_how_to_get_a_bundle(checkpoint_dir):
     need("onnxruntime", "the [onnx] extra is not installed")
-    from laya.runtimes.onnx import OnnxRuntime
+    from laya.encoder.runtimes.onnx import OnnxRuntime
 
     with pytest.raises(CheckpointError, match="runs an exported bundle"):
         OnnxRuntime(load_checkpoint(checkpoint_dir))

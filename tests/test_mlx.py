@@ -15,9 +15,9 @@ pytestmark = pytest.mark.mlx
 from laya.export.mlx import export_bundle  # noqa: E402
 
 import laya  # noqa: E402
-from laya.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.runtimes.mlx import MlxRuntime, mlx_length  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
-from laya.runtimes.mlx import MlxRuntime, mlx_length  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
 QUESTIONS = BUNDLE_QUESTIONS

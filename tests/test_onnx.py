@@ -13,7 +13,7 @@ need("onnxruntime", "the [onnx] extra is not installed")
 from laya.export.onnx import export_bundle  # noqa: E402
 
 import laya  # noqa: E402
-from laya.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
 from laya.gate import GateFailed  # noqa: E402
 

@@ -179,7 +179,7 @@ def subset(question: dict, keep: list[int]) -> dict:
 
 def round_margins(reference, case: dict, qid: str) -> list[float]:
     """Top-two margins of every first-round group, read by the reference runtime."""
-    from laya.tournament import groups_of
+    from laya.encoder.tournament import groups_of
 
     question = case["questions"][qid]
     groups = groups_of(list(range(len(question["criteria"]))), TOURNAMENT["upstream"]["group_size"])
@@ -305,7 +305,7 @@ def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monk
     fixed in advance; fp32 allows no flip."""
     need("onnxruntime", "the [onnx] extra is not installed")  # auto's choice without bf16 units
     from laya import choice
-    from laya.runtimes import pytorch
+    from laya.encoder.runtimes import pytorch
 
     fake = MACHINES[machine]
     monkeypatch.setattr(choice, "cpu", lambda: fake)
@@ -324,7 +324,7 @@ def test_auto_on_amx_puts_torch_bf16_first(checkpoint_dir):
     """AMX counts as bf16 units: auto tries torch bf16 first there, held to bf16's bound (the load and
     the comparison are those of the AVX-512 bf16 case above)."""
     from laya import choice
-    from laya.checkpoint import load_checkpoint
+    from laya.encoder.checkpoint import load_checkpoint
 
     amx = MACHINES["amx"]
     assert amx.bf16_units == "amx_bf16"

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import need
 
-from laya.checkpoint import load_checkpoint
+from laya.encoder.checkpoint import load_checkpoint
+from laya.encoder.runtimes import pytorch
 from laya.gate import BOUNDS, gate_rows, measure
-from laya.runtimes import pytorch
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ class DecideModel:
     @cached_property
     def fingerprint(self) -> str:
         """sha256 of the GGUF file: what a calibration file names."""
-        from laya.checkpoint import sha256_of
+        from laya.encoder.checkpoint import sha256_of
 
         return sha256_of(Path(self.source)) if self.source and Path(self.source).is_file() else ""
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from laya.api import check_budgets
+from laya.encoder.model import Model, Prepared
 from laya.engine import READY
 from laya.limits import UNLIMITED, Limits
-from laya.model import Model, Prepared
 from laya.questions import Questions
 from laya.stop import StopFlag
 

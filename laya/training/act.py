@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from laya.calibration.metrics import auroc
-from laya.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint
 from laya.training.examples import Example, batch_of
 
 MIN_EACH = 5  # right and wrong answers needed to fit at all

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from laya.calibration.data import DataError, Record
-from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch, collate
+from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.rows import build_rows
 from laya.errors import QuestionError
 from laya.questions import Question

@@ -2,7 +2,7 @@
 schedule, fp32 on the CPU (bf16 only when asked), mixed precision on GPUs, a checkpoint per epoch that
 `--resume` continues.
 
-The network is the reference runtime's (`laya.runtimes.pytorch.DecisionNet`), so what is trained is
+The network is the reference runtime's (`laya.encoder.runtimes.pytorch.DecisionNet`), so what is trained is
 exactly what every runtime then serves.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from laya.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import LayaError
 from laya.training.examples import Example, batch_of, shuffled
 

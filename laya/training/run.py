@@ -28,7 +28,7 @@ from laya.calibration.fitting import fit_temperatures
 from laya.calibration.metrics import auroc, coverage_curve
 from laya.calibration.run import collect, decode_all, measure, split, top_and_correct
 from laya.calibration.temperatures import bucket_key
-from laya.checkpoint import CONFIG_FILE, WEIGHTS_FILE, Checkpoint, load_checkpoint
+from laya.encoder.checkpoint import CONFIG_FILE, WEIGHTS_FILE, Checkpoint, load_checkpoint
 from laya.errors import CheckpointError, LayaError
 from laya.training.examples import examples_of
 
@@ -74,8 +74,8 @@ def save_checkpoint(net: Any, source: Checkpoint, out: Path, config_updates: dic
 
 
 def _load(folder: Path) -> Any:
-    from laya.model import Model
-    from laya.runtimes.pytorch import TorchRuntime
+    from laya.encoder.model import Model
+    from laya.encoder.runtimes.pytorch import TorchRuntime
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the source's own clamp was reported at the start
@@ -114,7 +114,7 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
 def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, settings: Any, resume: bool,
            text_column: str, label_column: str, target_precision: float, quiet: bool, plots: bool
            ) -> dict[str, Any]:
-    from laya.loading import load_model_checkpoint
+    from laya.encoder.loading import load_model_checkpoint
     from laya.training.act import fit_act_head, read_inputs
     from laya.training.examples import check_rows
     from laya.training.loop import Trainer
@@ -154,7 +154,7 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
 
     base = _load(source.path)
     before = measure(_answers(base, report_records), base.temperatures, 10)
-    from laya.runtimes.pytorch import TorchRuntime
+    from laya.encoder.runtimes.pytorch import TorchRuntime
 
     net = TorchRuntime(source).net
     steps_per_epoch = -(-len(train_examples) // settings.batch_size)
@@ -277,7 +277,7 @@ def _read_top1(answers: Sequence[Any]) -> np.ndarray:
     which for three or more options is not a monotone function of it."""
     import torch
 
-    from laya.runtimes.pytorch import act_features
+    from laya.encoder.runtimes.pytorch import act_features
     from laya.training.act import plain_signal
 
     features = np.array([act_features(torch.tensor(s.evidence.readouts[-1][1], dtype=torch.float32)).double().numpy()

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from laya.bundle import bundle_to_run, read_manifest
-from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 from laya.gate import GateFailed, describe
 from laya.heads.layout import MASKED_LOGIT

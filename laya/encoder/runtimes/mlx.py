@@ -1,7 +1,7 @@
 """`runtime="mlx"`: ModernBERT / mmBERT and the decision head written natively in MLX.
 
 No torch or transformers at inference: the weights come straight from the checkpoint's safetensors
-(through `laya.checkpoint`) or from an MLX bundle (`laya export mlx`), which keeps the checkpoint's
+(through `laya.encoder.checkpoint`) or from an MLX bundle (`laya export mlx`), which keeps the checkpoint's
 tensor names so the mapping lives here only. fp16 by default on Apple silicon, fp32 elsewhere;
 whatever the dtype, LayerNorm statistics, the head's residual stream, the scorer and the act head
 run in fp32 (head activations reach 1e3-1e4).
@@ -20,8 +20,8 @@ import sys
 import numpy as np
 
 from laya.bundle import is_bundle, read_manifest
-from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 from laya.heads.layout import MASKED_LOGIT
 

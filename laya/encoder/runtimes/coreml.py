@@ -9,7 +9,7 @@ embedding gather, the type vector, the additive masks and the act head.
 `executor` says what runs the programs:
 - `coreml` (the default, macOS only): Core ML itself, with `compute_units` for the general program
   and `cpuAndNeuralEngine` for the Neural Engine buckets.
-- `mil`: laya's numpy evaluator of the saved programs (`laya.runtimes.mil`); slow, runs anywhere:
+- `mil`: laya's numpy evaluator of the saved programs (`laya.encoder.runtimes.mil`); slow, runs anywhere:
   how the bundles are verified without a Mac.
 - `torch`: the torch modules the programs are converted from, in fp32 (built from the checkpoint by
   `laya.export.coreml.torch_programs`, which `laya.load` calls).
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from laya.bundle import bundle_to_run, read_manifest
-from laya.checkpoint import Checkpoint
 from laya.encoder.batch import Batch
+from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.runtimes.mil import erf
 from laya.errors import CheckpointError, RuntimeUnavailable
 from laya.heads.layout import MASKED_LOGIT
-from laya.runtimes.mil import erf
 
 EXECUTORS = ("coreml", "mil", "torch")
 # The general program has the plain (B, L, C) layout, which gives wrong answers on the Neural Engine
@@ -164,7 +164,7 @@ class CoremlRuntime:
     def _program(self, path: Path, units: str) -> Predictor:
         """`units`: a COMPUTE_UNITS key, or NEURAL_ENGINE for the channel-first bucket programs."""
         if self.executor == "mil":
-            from laya.runtimes.mil import Program
+            from laya.encoder.runtimes.mil import Program
 
             return Program(path).run
         import coremltools as ct

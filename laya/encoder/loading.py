@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from laya.bundle import is_bundle, read_manifest
-from laya.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint, verify_digests
+from laya.encoder.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint, verify_digests
+from laya.encoder.runtimes.base import Runtime, check_options, create_runtime
 from laya.errors import CheckpointError
 from laya.models.registry import lookup
-from laya.runtimes.base import Runtime, check_options, create_runtime
 
 # runtime -> the exporter that builds the bundle it runs, when it is given a checkpoint
 EXPORTED_ON_FIRST_USE = {"onnx": "laya.export.onnx", "coreml": "laya.export.coreml"}

@@ -17,8 +17,8 @@ import numpy as np
 from laya.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
-    from laya.checkpoint import Checkpoint
     from laya.encoder.batch import Batch
+    from laya.encoder.checkpoint import Checkpoint
 
 
 @runtime_checkable
@@ -31,10 +31,10 @@ class Runtime(Protocol):
 
 # name -> (module, class, the import that must succeed for it to be available)
 RUNTIMES: dict[str, tuple[str, str, str]] = {
-    "torch": ("laya.runtimes.pytorch", "TorchRuntime", "torch"),
-    "onnx": ("laya.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
-    "mlx": ("laya.runtimes.mlx", "MlxRuntime", "mlx"),
-    "coreml": ("laya.runtimes.coreml", "CoremlRuntime", "coremltools"),
+    "torch": ("laya.encoder.runtimes.pytorch", "TorchRuntime", "torch"),
+    "onnx": ("laya.encoder.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
+    "mlx": ("laya.encoder.runtimes.mlx", "MlxRuntime", "mlx"),
+    "coreml": ("laya.encoder.runtimes.coreml", "CoremlRuntime", "coremltools"),
 }
 
 

@@ -16,16 +16,16 @@ import numpy as np
 from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures
-from laya.checkpoint import Checkpoint
 from laya.choice import Choice
 from laya.encoder.batch import collate, padded_length
+from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
+from laya.encoder.runtimes.base import Runtime
+from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
-from laya.runtimes.base import Runtime
 from laya.stop import StopFlag
-from laya.tournament import DEFAULT_GROUP, Tournament, group_problem
 
 DEFAULT_MAX_BATCH_ROWS = 32
 

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laya.checkpoint import Checkpoint
 from laya.config import EncoderConfig
 from laya.encoder.batch import Batch
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import RuntimeUnavailable
 from laya.hardware import cpu
 from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
