@@ -30,8 +30,10 @@ class Engine(Protocol):
     name: str
     description: str
     release_date: str
-    # True for an engine whose other end coalesces jobs itself (a Ray Serve deployment): the server
-    # then sends each job as it comes instead of batching them here
+    # True for an engine whose other end coalesces jobs itself (the engine process, a Ray Serve
+    # deployment): the server then sends each job on as it comes, through `async submit(job) ->
+    # (results, Timing)`, instead of batching them here into `execute`; its `prepare` only packs the
+    # request (the other end prepares it), so the server calls it on the event loop
     batches_where_it_runs: bool
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,

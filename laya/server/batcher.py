@@ -168,22 +168,11 @@ class MicroBatcher:
     async def _run(self, loop, items: list[_Item]) -> None:
         started = time.perf_counter()
         try:
-            results = await loop.run_in_executor(self._executor, self.engine.execute, [it.job for it in items])
+            outcomes = await loop.run_in_executor(self._executor, run_together, self.engine, [it.job for it in items])
         except Unavailable as exc:  # the engine is down or restarting: the same answer for every job
             for it in items:
                 if not it.future.done():
                     it.future.set_exception(exc)
-            return
-        except Exception as exc:
-            if len(items) > 1:  # isolate the failure: one bad job must not fail its batch company
-                for it in items:
-                    await self._run(loop, [it])
-                return
-            if not isinstance(exc, QuestionError):  # a refusal found while running is the caller's mistake
-                log.exception("inference failed on %s", self.engine.name)
-                exc = InferenceFailed(self.engine.name)
-            if not items[0].future.done():
-                items[0].future.set_exception(exc)
             return
         seconds = time.perf_counter() - started
         rows = sum(it.rows for it in items)
@@ -191,12 +180,41 @@ class MicroBatcher:
         if self.on_batch:
             self.on_batch(len(items), rows)
         leader = True
-        for it, result in zip(items, results):
-            if not it.future.done():
-                timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=seconds * 1000.0,
-                                batch_rows=rows, batch_jobs=len(items), leads_batch=leader)
-                leader = False
-                it.future.set_result((result, timing))
+        for it, outcome in zip(items, outcomes):
+            if it.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, QuestionError):  # a refusal found while running is the caller's mistake
+                    log.error("inference failed on %s", self.engine.name, exc_info=outcome)
+                    outcome = InferenceFailed(self.engine.name)
+                it.future.set_exception(outcome)
+                continue
+            timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=seconds * 1000.0,
+                            batch_rows=rows, batch_jobs=len(items), leads_batch=leader)
+            leader = False
+            it.future.set_result((outcome, timing))
+
+
+def run_together(engine: Engine, jobs: list[Job]) -> list[list[dict] | Exception]:
+    """Each job's results, or what it failed with: the jobs run in shared forward passes, and if that
+    fails, each alone, so one bad job cannot fail its company. `Unavailable` (the engine is down) is
+    raised for all of them."""
+    try:
+        return list(engine.execute(jobs))
+    except Unavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - sorted out below, job by job
+        if len(jobs) == 1:
+            return [exc]
+    outcomes: list[list[dict] | Exception] = []
+    for job in jobs:
+        try:
+            outcomes.extend(engine.execute([job]))
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            outcomes.append(exc)
+    return outcomes
 
 
 class InferenceFailed(Exception):

@@ -146,10 +146,21 @@ def decode(data: bytes, encoding: str | None, limit: int) -> bytes:
     return out
 
 
+def decoded_within(data: bytes, encoding: str | None, limit: int) -> bytes | None:
+    """The body decoded, when that is at most `limit` bytes (decompression stops there); else None.
+    A body that cannot be decoded is refused as `decode` refuses it."""
+    try:
+        return decode(data, encoding, limit)
+    except ApiError as exc:
+        if exc.status == 413:
+            return None
+        raise
+
+
 def parse_json(data: bytes) -> Any:
     """The body as JSON (syntax, UTF-8, constants) by the C decoder alone; `check_tree` checks the rest
     once the request's size is known to be within limits. CPU work: the server calls both off the
-    event loop."""
+    event loop, unless the body is a few kilobytes (`laya.server.routes.INLINE_BYTES`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,28 +1,33 @@
 """An engine in a process of its own (the default of `laya serve`), behind the same `Engine` shape,
 and supervised: when that process dies it comes back.
 
-The HTTP process keeps parsing, admitting, batching and answering; the engine process loads the
+The HTTP process keeps parsing, admitting (in rows) and answering; the engine process loads the
 model and does everything that costs CPU under the interpreter lock: preparing jobs (tokenising,
-building rows) and running them. So a flood of requests the HTTP process must refuse cannot take
-the interpreter away from inference. Jobs stay in the engine process; the HTTP side holds a token.
+building rows), batching them and running them. So a flood of requests the HTTP process must refuse
+cannot take the interpreter away from inference.
 
-Messages over one duplex pipe, each `(kind, id, payload)`: `prepare` -> a job token and its rows,
-`execute` -> the results, `cancel` (no reply) -> the job's stop flag is set where it runs (so an
-abandoned request stops between forward passes there too). A job's deadline crosses as the seconds
-it has left, and stops it there as well. The engine process reads the pipe on a thread of its own,
-prepares on another and executes on its main thread.
+One round trip a request, over one duplex pipe of `(kind, id, payload)` messages: `run` carries the
+validated request (states, questions, limits, the seconds left before its deadline, options) and is
+answered by its results and timing, or by its refusal; `cancel` (no reply) sets the stop flag of a
+request where it runs, so an abandoned request stops between forward passes there too. In the
+engine process one thread reads the pipe and prepares what it reads (a small request at once, a
+large one on a preparing thread), and the main thread runs what is prepared: an idle engine starts
+at once, and what queued while it was busy runs together in shared forward passes (up to
+`max_batch_rows` rows; `max_wait_ms` > 0 waits that long for company instead). The HTTP side sends
+from its event loop, and its pipe reader hands each reply straight back to the loop.
 
 Supervision. An engine process can die under the server (the kernel's OOM killer, a crash inside
 llama.cpp, SIGKILL). The pipe's end tells at once: the model is marked unready, requests get
 `Unavailable` (a 503 with Retry-After, never a 500 or a hang), and a new process is started after a
-backoff (0.5 s, 1 s, 2 s, ...), warmed up, and put in service. A job that was queued or running when
-its process died is prepared again and run once on the new process (System One requests are
-idempotent), if that is up before the job's deadline; else it gets the 503. A model that keeps
-dying (`RestartPolicy.max_deaths` times within `window_s`) stays down, with its reason in /health.
+backoff (0.5 s, 1 s, 2 s, ...), warmed up, and put in service. A request that was queued or running
+when its process died is sent once more to the new process (System One requests are idempotent), if
+that is up before the request's deadline; else it gets the 503. A model that keeps dying
+(`RestartPolicy.max_deaths` times within `window_s`) stays down, with its reason in /health.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -38,11 +43,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from laya.errors import LayaError
+from laya.errors import LayaError, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
 from laya.server import heap
-from laya.server.batcher import Unavailable
+from laya.server.batcher import Timing, Unavailable, run_together
 from laya.stop import StopFlag, after
 
 log = logging.getLogger("laya.server")
@@ -82,7 +87,7 @@ def _exit_reason(exitcode: int | None) -> str:
 
 
 class _Link:
-    """One incarnation of the engine process: its pipe, the calls waiting on it, and its reader."""
+    """One incarnation of the engine process: its pipe, the requests waiting on it, and its reader."""
 
     def __init__(self, process: Any, conn: Any, generation: int, on_exit: Any):
         self.process, self.conn, self.generation = process, conn, generation
@@ -103,20 +108,18 @@ class _Link:
             except (OSError, ValueError) as exc:  # the pipe broke under us: the reader reports the death
                 raise EngineDied(f"the engine process is gone ({exc})") from exc
 
-    def call(self, kind: str, payload: Any) -> Any:
-        rid = next(self._ids)
-        future: Future = Future()
+    def expect(self) -> tuple[int, Future]:
+        """A new request id and the future its reply will settle (or the process's death)."""
+        rid, future = next(self._ids), Future()
         with self.lock:
             if not self.alive:
                 raise EngineDied("the engine process is gone")
             self.waiting[rid] = future
-        try:
-            self.send(kind, rid, payload)
-        except EngineDied:
-            with self.lock:
-                self.waiting.pop(rid, None)
-            raise
-        return future.result()
+        return rid, future
+
+    def forget(self, rid: int) -> None:
+        with self.lock:
+            self.waiting.pop(rid, None)
 
     def _read(self) -> None:
         while True:
@@ -126,7 +129,7 @@ class _Link:
                 break
             with self.lock:
                 future = self.waiting.pop(rid, None)
-            if future is None:
+            if future is None:  # its caller went away
                 continue
             if kind == "ok":
                 future.set_result(payload)
@@ -164,25 +167,46 @@ class _CancelFlag(StopFlag):
         if not self._set:
             self._set = True
             job = self._job
-            with contextlib.suppress(EngineDied):  # else nothing runs it any more
-                job.link.send("cancel", 0, job.token)
+            if job.link is not None and job.token:
+                with contextlib.suppress(EngineDied):  # else nothing runs it any more
+                    job.link.send("cancel", 0, job.token)
 
 
 @dataclass(eq=False)
 class RemoteJob:
-    token: int
+    """A validated request, packed to be prepared and run in the engine process; `token` and `link`
+    name where it was last sent (what a cancel goes to)."""
+
+    states: list[Any]
+    questions: Questions
+    limits: Limits
+    options: dict[str, Any]
     n_rows: int
-    link: _Link
-    request: tuple[Any, ...]  # (states, questions, limits, options): to prepare it again on a new process
+    token: int = 0
+    link: _Link | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
+
+    def payload(self) -> tuple[Any, ...]:
+        return (self.states, self.questions, self.limits, self.cancelled.remaining(), self.options)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the engine process coalesces what queued while it was busy (`laya serve`'s
+    `--max-batch-rows` and `--max-wait-ms`)."""
+
+    max_rows: int = 64
+    max_wait_ms: float = 0.0
 
 
 class RemoteEngine:
-    batches_where_it_runs = False  # the engine process runs what this side's batcher coalesced
+    batches_where_it_runs = True  # the engine process coalesces what queued while it was busy
 
-    def __init__(self, load: Any, start_timeout_s: float | None = None, policy: RestartPolicy | None = None):
+    def __init__(self, load: Any, start_timeout_s: float | None = None, policy: RestartPolicy | None = None,
+                 batching: Batching | None = None):
         """`load()` (picklable, called in the engine process) returns the engine to run there. The
         first start raises what the load raised; later ones are the supervisor's."""
+        self.batching = batching or Batching()
         self.policy = policy or RestartPolicy()
         if start_timeout_s is not None:
             self.policy = RestartPolicy(**{**self.policy.__dict__, "start_timeout_s": start_timeout_s})
@@ -206,7 +230,8 @@ class RemoteEngine:
     def _spawn(self) -> tuple[_Link, tuple]:
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe(duplex=True)
-        process = ctx.Process(target=_serve_engine, args=(child, self._load), daemon=True, name="laya-engine")
+        process = ctx.Process(target=_serve_engine, args=(child, self._load, self.batching), daemon=True,
+                              name="laya-engine")
         process.start()
         child.close()
         try:
@@ -281,62 +306,60 @@ class RemoteEngine:
     def _unavailable(self) -> Unavailable:
         return Unavailable(f"model {self.name} is {self.state}: {self.reason}", self.retry_after())
 
-    def _link_now(self, wait_s: float = 0.0) -> _Link:
-        """The live process's link, waiting up to `wait_s` for a restart; `Unavailable` otherwise."""
-        if self.state != "down" and wait_s > 0:
-            self._ready.wait(wait_s)
+    def _link_now(self) -> _Link:
+        """The live process's link; `Unavailable` while there is none."""
         link = self._link
         if self.state != "ready" or not link.alive:
             raise self._unavailable()
         return link
 
+    async def _restarted(self, seconds: float) -> None:
+        """Until the model is back (or down for good), for at most `seconds`."""
+        end = time.monotonic() + seconds
+        while self.state not in ("ready", "down") and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+
     # the Engine shape
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, **options: Any) -> RemoteJob:
-        link = self._link_now()
-        request = (states, questions, limits, options)
-        job = RemoteJob(0, 0, link, request)
+        """Packed, not prepared: the engine process prepares it (and refuses it, naming why) as it
+        arrives there."""
+        job = RemoteJob(states, questions, limits, options, n_rows=len(states) * len(questions))
         job.cancelled = _CancelFlag(job, deadline)
-        self._prepare_on(link, job)
         return job
-
-    def _prepare_on(self, link: _Link, job: RemoteJob) -> None:
-        states, questions, limits, options = job.request
-        try:
-            job.token, job.n_rows = link.call("prepare", (states, questions, limits, job.cancelled.remaining(),
-                                                          options))
-        except EngineDied as exc:
-            raise self._unavailable() from exc
-        job.link = link
 
     def rows(self, job: RemoteJob) -> int:
         return job.n_rows
 
-    def execute(self, jobs: list[RemoteJob]) -> list[list[dict[str, Any]]]:
-        """Run on the live process; a job whose process died (before or while it ran) is prepared again
-        and run once more on the new one, if that is up within the job's deadline."""
-        reran = False
-        while True:
-            live = [job for job in jobs if not job.cancelled.is_set()]
-            if not live:
-                return [[] for _ in jobs]
-            if any(job.link is not self._link or not job.link.alive for job in live):
-                if reran:  # caught by a second death: the 503, not a third process
-                    raise self._unavailable()
-                reran = True
-                left = [t for t in (job.cancelled.remaining() for job in live) if t is not None]
-                link = self._link_now(max(0.0, min(self.policy.retry_wait_s, max(left, default=math.inf))))
-                for job in live:
-                    if job.link is not link:
-                        self._prepare_on(link, job)
-            else:
-                link = self._link_now()
+    async def submit(self, job: RemoteJob) -> tuple[list[dict[str, Any]], Timing]:
+        """The job's answers from the engine process, in one round trip. A job whose process dies
+        under it is sent once more to the new one, if that is up within the job's deadline (a second
+        death: the 503, not a third process)."""
+        link = self._link_now()
+        for attempt in (1, 2):
             try:
-                done = link.call("execute", [job.token for job in live])
+                return await self._run_on(link, job)
             except EngineDied:
-                continue  # its jobs are stale now: prepared again on the new process, once
-            by_job = dict(zip(map(id, live), done))
-            return [by_job.get(id(job), []) for job in jobs]
+                if attempt == 2 or job.cancelled.is_set():
+                    raise self._unavailable() from None
+            left = job.cancelled.remaining()
+            await self._restarted(max(0.0, min(self.policy.retry_wait_s, math.inf if left is None else left)))
+            link = self._link_now()
+        raise AssertionError("unreachable")
+
+    async def _run_on(self, link: _Link, job: RemoteJob) -> tuple[list[dict[str, Any]], Timing]:
+        rid, future = link.expect()
+        job.token, job.link = rid, link
+        try:
+            if _small(job.states):
+                link.send("run", rid, job.payload())
+            else:  # megabytes to pickle and write: off the event loop
+                await asyncio.to_thread(link.send, "run", rid, job.payload())
+            results, timing = await asyncio.wrap_future(future)
+        except BaseException:
+            link.forget(rid)
+            raise
+        return results, Timing(**timing)
 
     def warmup(self) -> None:
         """Warmed up in its own process before it said it was ready."""
@@ -367,8 +390,8 @@ class RemoteEngine:
         return self._link.process.pid
 
 
-def _serve_engine(conn, load) -> None:
-    """The engine process: load, warm up, then serve prepare/execute/cancel until the pipe closes."""
+def _serve_engine(conn, load, batching: Batching) -> None:
+    """The engine process: load, warm up, then serve `run` and `cancel` until the pipe closes."""
     try:
         engine = load()
         engine.warmup()
@@ -381,11 +404,8 @@ def _serve_engine(conn, load) -> None:
                                 engine.describe())))
     except OSError:  # the server went away while this process loaded
         return
-    jobs: dict[int, Any] = {}
-    running: set[int] = set()
-    tokens = itertools.count(1)
+    inbox = _Inbox(engine)
     send_lock = threading.Lock()
-    work: queue.Queue = queue.Queue()
     preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="laya-prepare")
 
     def reply(kind: str, rid: int, payload: Any) -> None:
@@ -397,56 +417,129 @@ def _serve_engine(conn, load) -> None:
         try:
             job = engine.prepare(states, questions, limits=limits, deadline=after(seconds_left), **options)
         except Exception as exc:  # noqa: BLE001 - a refusal travels back as it is
+            inbox.forget(rid)
             reply("err", rid, portable(exc))
             return
-        token = next(tokens)
-        jobs[token] = job
-        reply("ok", rid, (token, engine.rows(job)))
+        inbox.put(rid, job)
 
     def read() -> None:
         while True:
             try:
                 kind, rid, payload = conn.recv()
             except (EOFError, OSError):
-                work.put(None)
+                inbox.close()
                 return
             if kind == "cancel":
-                job = jobs.get(payload)
-                if job is not None:
-                    job.cancelled.set()
-                    if payload not in running:  # never to run: the HTTP side skips a cancelled job
-                        jobs.pop(payload, None)
-            elif kind == "prepare" and _small(payload):
-                prepare(rid, payload)  # a few hundred microseconds: cheaper here than a hop to the preparer
-            elif kind == "prepare":
+                inbox.cancel(payload)
+                continue
+            inbox.expect(rid)
+            if _small(payload[0]):
+                prepare(rid, payload)  # tens of microseconds: cheaper here than a hop to the preparer
+            else:
                 preparer.submit(prepare, rid, payload)
-            else:  # execute
-                work.put((rid, payload))
 
     threading.Thread(target=read, name="laya-engine-read", daemon=True).start()
-    while (item := work.get()) is not None:
-        rid, batch = item
-        running.update(batch)
-        present = [token for token in batch if token in jobs]
-        try:
-            done = dict(zip(present, engine.execute([jobs[token] for token in present])))
-        except Exception as exc:  # noqa: BLE001
-            reply("err", rid, portable(exc))
-            continue
-        finally:
-            for token in batch:
-                jobs.pop(token, None)
-            running.clear()
-        reply("ok", rid, [done.get(token, []) for token in batch])
+    while (batch := inbox.take(batching)) is not None:
+        started = time.perf_counter()
+        live = [item for item in batch if not item.job.cancelled.is_set()]
+        outcomes = run_together(engine, [item.job for item in live]) if live else []
+        seconds = time.perf_counter() - started
+        rows = sum(item.rows for item in live)
+        done = dict(zip(map(id, live), outcomes))
+        leader = id(live[0]) if live else None
+        for item in batch:
+            inbox.forget(item.rid)
+            outcome = done.get(id(item), [])
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, QuestionError):
+                    log.error("inference failed on %s", engine.name, exc_info=outcome)
+                reply("err", item.rid, portable(outcome))
+                continue
+            timing = {"queue_ms": (started - item.queued) * 1000.0, "inference_ms": seconds * 1000.0,
+                      "batch_rows": rows, "batch_jobs": len(live), "leads_batch": id(item) == leader}
+            reply("ok", item.rid, (outcome, timing))
 
 
-SMALL_PREPARE_CHARS = 4096  # a request whose states are this short is prepared on the reading thread
+@dataclass
+class _Queued:
+    rid: int
+    job: Any
+    rows: int
+    queued: float = field(default_factory=time.perf_counter)
 
 
-def _small(payload: Any) -> bool:
-    """One state of a few thousand characters at most: preparing it is quick enough not to hold up
-    the reading of the pipe (cancels, executes) behind it."""
-    states = payload[0]
+class _Inbox:
+    """The engine process's prepared requests, in arrival order, and the stop flags of those it has."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._ready: queue.Queue[_Queued | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._jobs: dict[int, Any] = {}  # rid -> job, once prepared, until answered
+        self._open: set[int] = set()  # rids received and not answered yet
+        self._early: set[int] = set()  # cancelled while still being prepared
+
+    def expect(self, rid: int) -> None:
+        with self._lock:
+            self._open.add(rid)
+
+    def put(self, rid: int, job: Any) -> None:
+        with self._lock:
+            self._jobs[rid] = job
+            if rid in self._early:
+                job.cancelled.set()
+        self._ready.put(_Queued(rid, job, self.engine.rows(job)))
+
+    def cancel(self, rid: int) -> None:
+        with self._lock:
+            job = self._jobs.get(rid)
+            if job is not None:
+                job.cancelled.set()
+            elif rid in self._open:
+                self._early.add(rid)
+
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self._jobs.pop(rid, None)
+            self._open.discard(rid)
+            self._early.discard(rid)
+
+    def close(self) -> None:
+        self._ready.put(None)
+
+    def take(self, batching: Batching) -> list[_Queued] | None:
+        """What is prepared: at once what queued, up to `max_rows` rows (waiting `max_wait_ms` for
+        company when asked to); None once the pipe has closed."""
+        first = self._ready.get()
+        if first is None:
+            return None
+        batch, rows = [first], first.rows
+        deadline = time.perf_counter() + batching.max_wait_ms / 1000.0
+        while rows < batching.max_rows:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                try:
+                    item = self._ready.get(timeout=left)
+                except queue.Empty:
+                    break
+            if item is None:
+                self._ready.put(None)  # the end, after this batch
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+
+SMALL_PREPARE_CHARS = 4096  # a request whose states are this short is prepared as it is read
+
+
+def _small(states: list[Any]) -> bool:
+    """One state of a few thousand characters at most: preparing (or pickling) it is quick enough to
+    do in the thread that reads the pipe (or the HTTP side's event loop)."""
     return len(states) == 1 and isinstance(states[0], str) and len(states[0]) <= SMALL_PREPARE_CHARS
 
 

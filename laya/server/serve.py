@@ -102,9 +102,10 @@ def open_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
     """`load_engine` in a process of its own (the default), or here with `--single-process`."""
     if not options.engine_process:
         return load_engine(spec, options, local_only=local_only)
-    from laya.server.remote import RemoteEngine
+    from laya.server.remote import Batching, RemoteEngine
 
-    return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only))
+    batching = Batching(max_rows=options.server.max_batch_rows, max_wait_ms=options.server.max_wait_ms)
+    return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only), batching=batching)
 
 
 def load_engines(options: ServeOptions) -> list[Any]:
