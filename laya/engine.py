@@ -10,7 +10,8 @@ which is what lets the server coalesce concurrent requests into shared forward p
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
@@ -50,6 +51,35 @@ class Engine(Protocol):
     def status(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+WARMUP_QUESTIONS = {"w": {"type": "noul", "instructions": "Is this a warm-up?"}}
+
+
+@dataclass
+class InProcessEngine:
+    """What the engines that run their model in this process share: the served name is the
+    model's, the model lives as long as the process (nothing to stop), it is up while the process
+    is, and one small decision before the first request takes the first-call costs (allocations,
+    kernels picked, caches filled) out of that request's latency."""
+
+    model: Any
+    description: str = ""
+    release_date: str = ""
+    batches_where_it_runs: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def warmup(self) -> None:
+        self.model.predict("warm-up", WARMUP_QUESTIONS)
+
+    def status(self) -> dict[str, Any]:
+        return READY
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives as long as this process."""
 
 
 def is_gguf(source: str) -> bool:

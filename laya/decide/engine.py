@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from laya.decide.model import DecideModel, Planned
-from laya.engine import READY
+from laya.engine import InProcessEngine
 from laya.errors import Cancelled
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, Questions
@@ -23,17 +23,11 @@ class DecideJob:
 
 
 @dataclass
-class DecideEngine:
+class DecideEngine(InProcessEngine):
     """A chat GGUF answering through the decide policy (one llama.cpp context, one decision at a time)."""
 
     model: DecideModel
     description: str = "chat model read by first-token scoring (llama.cpp)"
-    release_date: str = ""
-    batches_where_it_runs: ClassVar[bool] = False
-
-    @property
-    def name(self) -> str:
-        return self.model.name
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None
@@ -57,15 +51,6 @@ class DecideEngine:
             except Cancelled:
                 out.append([])
         return out
-
-    def warmup(self) -> None:
-        self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
-
-    def status(self) -> dict[str, Any]:
-        return READY
-
-    def close(self) -> None:
-        """Nothing to stop: the model lives as long as this process."""
 
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend

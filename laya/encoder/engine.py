@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
-from laya.engine import READY
+from laya.engine import InProcessEngine
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
 from laya.stop import StopFlag
 
 
 @dataclass
-class EncoderEngine:
+class EncoderEngine(InProcessEngine):
     """A laya checkpoint on one runtime."""
 
     model: Model
     description: str = "laya decision model"
-    release_date: str = ""
-    batches_where_it_runs: ClassVar[bool] = False
-
-    @property
-    def name(self) -> str:
-        return self.model.name
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, tournament: int | None = None, **options: Any) -> Prepared:
@@ -44,15 +38,6 @@ class EncoderEngine:
 
     def execute(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
         return self.model.answer(jobs)
-
-    def warmup(self) -> None:
-        self.model.predict("warm-up", {"w": {"type": "noul", "instructions": "Is this a warm-up?"}})
-
-    def status(self) -> dict[str, Any]:
-        return READY
-
-    def close(self) -> None:
-        """Nothing to stop: the model lives as long as this process."""
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice
