@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
+from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
 READY = {"state": "ready"}  # an engine in this process is up while the process is
@@ -40,7 +41,7 @@ class Engine(Protocol):
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, **options: Any) -> Job: ...
 
-    def execute(self, jobs: list[Job]) -> list[list[dict[str, Any]]]: ...
+    def execute(self, jobs: list[Job]) -> list[list[SystemOneResponse]]: ...
 
     def rows(self, job: Job) -> int: ...
 

@@ -44,6 +44,8 @@ ROWS = "laya/encoder/rows.py"
 ADMISSION = "laya/server/admission.py"
 BATCHER = "laya/server/batcher.py"
 BODY = "laya/server/body.py"
+REMOTE = "laya/server/remote.py"
+ONNX = "laya/encoder/runtimes/onnx.py"
 TEMPS = "laya/calibration/temperatures.py"
 
 TREE_TESTS = ("tests/test_decide_policy.py",)
@@ -53,6 +55,7 @@ ROW_TESTS = ("tests/test_rows.py::test_every_row_fits_max_len_over_crowded_heads
 ADMISSION_TESTS = ("tests/test_admission.py",)
 BODY_TESTS = ("tests/test_body.py",)
 TEMP_TESTS = ("tests/test_temperatures.py",)
+REMOTE_TESTS = ("tests/test_engine_process.py",)
 
 MUTANTS = [
     # --- the six of the audit ---
@@ -118,6 +121,18 @@ MUTANTS = [
            "        self.pending_rows += 1\n\n    def release", ADMISSION_TESTS, "a reservation counts one row"),
     Mutant("batcher-release-noop", BATCHER, "        self.pending_rows -= rows\n\n    def resize",
            "        pass\n\n    def resize", ADMISSION_TESTS, "a refused request's rows are never given back"),
+    # --- the engine process ---
+    Mutant("remote-one-at-a-time", REMOTE, "        while rows < batching.max_rows:", "        while False:",
+           REMOTE_TESTS, "the engine process runs one request at a time, never what queued together"),
+    Mutant("remote-cancel-lost", REMOTE, "                job.cancelled.set()\n            elif rid in self._open:",
+           "                pass\n            elif rid in self._open:", REMOTE_TESTS,
+           "a cancel reaching the engine process does not stop the waiting request"),
+    Mutant("remote-waits-alone", REMOTE, "deadline = time.perf_counter() + batching.max_wait_ms / 1000.0",
+           "deadline = time.perf_counter() + max(batching.max_wait_ms, 300.0) / 1000.0", REMOTE_TESTS,
+           "an idle engine process waits for company it was not asked to wait for"),
+    Mutant("onnx-keeps-spinning", ONNX, 'options.add_session_config_entry("session.force_spinning_stop", "1")',
+           "pass", ("tests/test_onnx.py::test_the_thread_pool_stops_spinning_when_a_forward_pass_ends",),
+           "ONNX Runtime's pool spins on after every forward pass"),
     # --- body decoding ---
     Mutant("body-zstd-uncapped", BODY, "out = reader.read(limit + 1)", "out = reader.read()", BODY_TESTS,
            "zstd inflated without a cap"),

@@ -9,6 +9,7 @@ from typing import Any
 
 from laya.errors import QuestionError
 from laya.questions import parse_questions
+from laya.response import Answer, SystemOneResponse
 from laya.stop import StopFlag
 
 
@@ -59,8 +60,8 @@ class ScriptedEngine:
                 time.sleep(self.delay)
                 with self.lock:
                     self.executed.append(state)
-                answers.append({"model": self.name, "usage": {"input_tokens": 1, "output_tokens": 0},
-                                "answers": {q.qid: {"type": "noul", "noul": 0.5} for q in job.questions}})
+                answers.append(SystemOneResponse(self.name, {q.qid: Answer("noul", 0.5) for q in job.questions},
+                                                 input_tokens=1))
             out.append(answers)
         return out
 

@@ -151,7 +151,7 @@ def test_the_engine_answers_what_it_prepared_without_tokenising_again():
     job = engine.prepare(["refund please", "where is my parcel"], questions)
     prepared = backend.tokenised
     assert prepared > 0
-    (first, second), = engine.execute([job])
+    (first, second), = ([r.to_json() for r in results] for results in engine.execute([job]))
     assert backend.tokenised == prepared  # the tree reads logits, it tokenises no text
     alone = DecideModel(ScriptedBackend(n_ctx=2000), "scripted")
     for got, state in ((first, "refund please"), (second, "where is my parcel")):

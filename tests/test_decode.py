@@ -20,7 +20,10 @@ def test_temperature_divides_the_logits():
 
 def test_choice_answer():
     q = parse_question("team", {"type": "choice", "instructions": "x", "criteria": {"billing": None, "sales": None}})
-    out = decode.answer(q, np.array([0.123456789, 0.876543211]), {"x_act_probability": 0.5})
+    answer = decode.answer(q, np.array([0.123456789, 0.876543211]), {"x_act_probability": 0.5})
+    assert (answer.qtype, answer.value, answer.extras) == ("choice", "sales", {"x_act_probability": 0.5})
+    out = answer.to_json()
+    assert list(out) == ["type", "choice", "probabilities", "confidence", "x_answer_confidence", "x_act_probability"]
     assert out == {"type": "choice", "choice": "sales", "probabilities": {"billing": 0.123456789, "sales": 0.876543211},
                    "confidence": pytest.approx(0.753086422), "x_answer_confidence": 0.876543211,
                    "x_act_probability": 0.5}
@@ -28,7 +31,8 @@ def test_choice_answer():
 
 def test_score_answer():
     q = parse_question("a", {"type": "score", "instructions": "x", "criteria": ["Calm", "Frustrated", "Very angry"]})
-    out = decode.answer(q, np.array([0.0, 0.95, 0.05]))
+    out = decode.answer(q, np.array([0.0, 0.95, 0.05])).to_json()
+    assert list(out) == ["type", "score", "legend", "probabilities", "confidence", "x_answer_confidence"]
     assert out["score"] == pytest.approx(1.05)
     assert out["legend"] == {"0": "Calm", "1": "Frustrated", "2": "Very angry"}
     assert out["probabilities"] == {"0": 0.0, "1": 0.95, "2": 0.05}
@@ -37,7 +41,7 @@ def test_score_answer():
 
 def test_noul_answer_is_p_true_without_confidence():
     q = parse_question("u", {"type": "noul"})
-    out = decode.answer(q, np.array([0.05, 0.95]))
+    out = decode.answer(q, np.array([0.05, 0.95])).to_json()
     assert out["noul"] == 0.95 and "confidence" not in out
     assert out["x_answer_confidence"] == 0.95
 

@@ -39,7 +39,7 @@ def test_an_idle_engine_starts_at_once_and_what_queued_meanwhile_runs_together(s
         return await first, await asyncio.gather(*later)
 
     (results, timing), later = asyncio.run(scenario())
-    assert results[0]["answers"]["u"]["noul"] == 0.5
+    assert results[0].answers["u"].value == 0.5 and results[0].to_json()["answers"]["u"]["noul"] == 0.5
     assert timing.batch_jobs == 1 and timing.queue_ms < 100  # it waited for no company
     assert {t.batch_jobs for _, t in later} == {3}  # one forward pass (here: one execute) for the three
     assert sum(t.leads_batch for _, t in later) == 1  # the batch is counted once

@@ -149,7 +149,8 @@ def test_requests_that_meet_in_a_replica_share_batches_and_answer_bit_for_bit(se
     assert max(reply[2]["batch_jobs"] for reply in replies) > 1  # they did share forward passes
     for state, reply in zip(states, replies):
         alone = model.predict(state, questions)
-        assert reply[1][0]["answers"] == alone["answers"] and reply[1][0]["usage"] == alone["usage"]
+        got = reply[1][0].to_json()  # a replica answers typed responses
+        assert got["answers"] == alone["answers"] and got["usage"] == alone["usage"]
     # and over HTTP, concurrently, through the ingress, whose /metrics count each replica batch once
     before = batch_jobs(server.url)
     with httpx.Client(timeout=60) as client:

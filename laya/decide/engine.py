@@ -10,6 +10,7 @@ from laya.engine import InProcessEngine
 from laya.errors import Cancelled
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, Questions
+from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
 
@@ -40,7 +41,7 @@ class DecideEngine(InProcessEngine):
     def rows(self, job: DecideJob) -> int:
         return len(job.states) * len(job.questions)
 
-    def execute(self, jobs: list[DecideJob]) -> list[list[dict[str, Any]]]:
+    def execute(self, jobs: list[DecideJob]) -> list[list[SystemOneResponse]]:
         """Decisions run one at a time; a cancelled job stops at its next decision (and gets no answers)."""
         out = []
         for job in jobs:

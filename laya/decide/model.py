@@ -30,6 +30,7 @@ from laya.errors import Cancelled, QuestionError
 from laya.heads import decode
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, check_state, parse_questions
+from laya.response import SystemOneResponse
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class DecideModel:
         return evidence, extras, tokens
 
     def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
-                   cancelled: threading.Event | None = None, planned: list[Planned] | None = None) -> dict[str, Any]:
+                   cancelled: threading.Event | None = None, planned: list[Planned] | None = None) -> SystemOneResponse:
         evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix, cancelled=cancelled,
                                                      planned=planned)
         answers = {}
@@ -183,8 +184,8 @@ class DecideModel:
             if self.abstention is not None:
                 extra |= self.abstention.extras(q.qtype, q.n_options, p)
             answers[q.qid] = decode.answer(q, p, extra)
-        return {"model": self.name, "answers": answers, "usage": {"input_tokens": int(tokens), "output_tokens": 0}}
+        return SystemOneResponse(model=self.name, answers=answers, input_tokens=int(tokens))
 
     def predict(self, state: Any, questions: Mapping[str, Any], *, reuse_prefix: bool = True) -> dict[str, Any]:
         states, parsed, plans = self.prepare([state], questions)
-        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix, planned=plans[0])
+        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix, planned=plans[0]).to_json()

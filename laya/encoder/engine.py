@@ -10,6 +10,7 @@ from laya.encoder.model import Model, Prepared
 from laya.engine import InProcessEngine
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
+from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
 
@@ -36,7 +37,7 @@ class EncoderEngine(InProcessEngine):
     def rows(self, job: Prepared) -> int:
         return job.n_rows
 
-    def execute(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
+    def execute(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         return self.model.answer(jobs)
 
     def describe(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem
 from laya.errors import QuestionError
 from laya.heads import decode
 from laya.questions import Question, check_state, parse_questions
+from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
 DEFAULT_MAX_BATCH_ROWS = 32
@@ -179,7 +180,7 @@ class Model:
         return decode.probabilities(z, self.temperatures.for_question(q.qtype, q.n_options))
 
     def respond(self, questions: list[Question], rows: list[Row], logits, acts,
-                tournaments: Mapping[str, Played] | None = None) -> dict[str, Any]:
+                tournaments: Mapping[str, Played] | None = None) -> SystemOneResponse:
         """The System One response of one state. `rows`/`logits`/`acts` are the one-row questions', in
         order; `tournaments` holds each tournament question's game, final row and every row it took."""
         answers = {}
@@ -202,11 +203,11 @@ class Model:
             if self.abstention is not None:
                 extras |= self.abstention.extras(q.qtype, q.n_options, p)
             answers[q.qid] = decode.answer(q, p, extras)
-        return {
-            "model": self.name,
-            "answers": answers,
-            "usage": {"input_tokens": int(sum(len(r.ids) for r in every_row)), "output_tokens": 0},
-            "x_usage": {
+        return SystemOneResponse(
+            model=self.name,
+            answers=answers,
+            input_tokens=int(sum(len(r.ids) for r in every_row)),
+            x_usage={
                 "state_tokens": every_row[0].state_tokens,
                 "state_tokens_kept": min(r.state_tokens_kept for r in every_row),
                 "state_tokens_dropped": max(r.state_tokens_dropped for r in every_row),
@@ -217,7 +218,7 @@ class Model:
                                   if rows_of[q.qid][0].compacted}}
                    if any(r.compacted for r in every_row) else {}),
             },
-        }
+        )
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any],
                       tournament: int | None = None) -> list[dict[str, Any]]:
@@ -227,9 +228,9 @@ class Model:
         states = list(states)
         if not states:
             return []
-        return self.answer([self.prepare(states, questions, tournament=tournament)])[0]
+        return [r.to_json() for r in self.answer([self.prepare(states, questions, tournament=tournament)])[0]]
 
-    def answer(self, jobs: list[Prepared]) -> list[list[dict[str, Any]]]:
+    def answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         """Responses of several prepared requests, their rows sharing forward passes (the rounds of
         every tournament of every request too)."""
         played = self._play(jobs)

@@ -11,6 +11,7 @@ import numpy as np
 
 from laya.calibration.confidence import choice_confidence, score_confidence, top_probability
 from laya.questions import Question
+from laya.response import Answer
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -24,30 +25,18 @@ def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
     return softmax(np.asarray(logits, dtype=np.float64) / temperature)
 
 
-def answer(question: Question, p: np.ndarray, extras: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The answer object of one question, with `x_` extras after the contract's fields."""
-    out: dict[str, Any]
+def answer(question: Question, p: np.ndarray, extras: dict[str, Any] | None = None) -> Answer:
+    """The answer of one question from its calibrated probabilities; `extras` are its `x_` fields."""
+    probabilities = {k: float(v) for k, v in zip(question.keys, p)}
+    extra = dict(extras or {})
+    top = top_probability(p)
     if question.qtype == "choice":
-        out = {
-            "type": "choice",
-            "choice": question.keys[int(np.argmax(p))],
-            "probabilities": {k: float(v) for k, v in zip(question.keys, p)},
-            "confidence": choice_confidence(p),
-        }
-    elif question.qtype == "score":
-        out = {
-            "type": "score",
-            "score": float(np.sum(np.arange(len(p)) * p)),
-            "legend": dict(question.legend or {}),
-            "probabilities": {k: float(v) for k, v in zip(question.keys, p)},
-            "confidence": score_confidence(p),
-        }
-    else:
-        out = {"type": "noul", "noul": float(p[1])}
-    out["x_answer_confidence"] = top_probability(p)
-    if extras:
-        out.update(extras)
-    return out
+        return Answer("choice", question.keys[int(np.argmax(p))], probabilities, choice_confidence(p),
+                      answer_confidence=top, extras=extra)
+    if question.qtype == "score":
+        return Answer("score", float(np.sum(np.arange(len(p)) * p)), probabilities, score_confidence(p),
+                      legend=dict(question.legend or {}), answer_confidence=top, extras=extra)
+    return Answer("noul", float(p[1]), answer_confidence=top, extras=extra)
 
 
 def act_probability(act_logits: np.ndarray) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 
 from laya.engine import Engine, Job
 from laya.errors import QuestionError
+from laya.response import SystemOneResponse
 
 log = logging.getLogger("laya.server")
 
@@ -128,7 +129,7 @@ class MicroBatcher:
         """A prepared job takes `rows` where `reserved` were counted at admission (a tournament takes more)."""
         self.pending_rows += rows - reserved
 
-    async def submit(self, job: Job, rows: int) -> tuple[list[dict], Timing]:
+    async def submit(self, job: Job, rows: int) -> tuple[list[SystemOneResponse], Timing]:
         """Run a job whose `rows` were reserved; the reservation is released when it is done."""
         if self._queue is None:
             raise RuntimeError("batcher not started")
@@ -195,7 +196,7 @@ class MicroBatcher:
             it.future.set_result((outcome, timing))
 
 
-def run_together(engine: Engine, jobs: list[Job]) -> list[list[dict] | Exception]:
+def run_together(engine: Engine, jobs: list[Job]) -> list[list[SystemOneResponse] | Exception]:
     """Each job's results, or what it failed with: the jobs run in shared forward passes, and if that
     fails, each alone, so one bad job cannot fail its company. `Unavailable` (the engine is down) is
     raised for all of them."""
@@ -206,7 +207,7 @@ def run_together(engine: Engine, jobs: list[Job]) -> list[list[dict] | Exception
     except Exception as exc:  # noqa: BLE001 - sorted out below, job by job
         if len(jobs) == 1:
             return [exc]
-    outcomes: list[list[dict] | Exception] = []
+    outcomes: list[list[SystemOneResponse] | Exception] = []
     for job in jobs:
         try:
             outcomes.extend(engine.execute([job]))
@@ -246,7 +247,7 @@ class PassThrough(MicroBatcher):
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, job: Job, rows: int) -> tuple[list[dict], Timing]:
+    async def submit(self, job: Job, rows: int) -> tuple[list[SystemOneResponse], Timing]:
         if self._queue is None:
             raise RuntimeError("batcher not started")
         self.pending_jobs += 1

@@ -37,6 +37,7 @@ from ray.serve.handle import DeploymentHandle
 from laya.errors import LayaError
 from laya.limits import Limits
 from laya.questions import Question
+from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Timing, Unavailable
@@ -253,7 +254,7 @@ class RayEngine:
     def close(self) -> None:
         """The replicas are Serve's to stop."""
 
-    async def submit(self, job: RayJob) -> tuple[list[dict[str, Any]], Timing]:
+    async def submit(self, job: RayJob) -> tuple[list[SystemOneResponse], Timing]:
         """The job's answers from one replica. A replica that dies (or cannot be reached) under it:
         once more, on another replica (Serve's router drops a dead replica at once). None answering
         within `wait_s`: `Unavailable` (a 503 with Retry-After), never a hang."""

@@ -46,6 +46,7 @@ from typing import Any
 from laya.errors import LayaError, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
+from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.batcher import Timing, Unavailable, run_together
 from laya.stop import StopFlag, after
@@ -331,7 +332,7 @@ class RemoteEngine:
     def rows(self, job: RemoteJob) -> int:
         return job.n_rows
 
-    async def submit(self, job: RemoteJob) -> tuple[list[dict[str, Any]], Timing]:
+    async def submit(self, job: RemoteJob) -> tuple[list[SystemOneResponse], Timing]:
         """The job's answers from the engine process, in one round trip. A job whose process dies
         under it is sent once more to the new one, if that is up within the job's deadline (a second
         death: the 503, not a third process)."""
@@ -347,7 +348,7 @@ class RemoteEngine:
             link = self._link_now()
         raise AssertionError("unreachable")
 
-    async def _run_on(self, link: _Link, job: RemoteJob) -> tuple[list[dict[str, Any]], Timing]:
+    async def _run_on(self, link: _Link, job: RemoteJob) -> tuple[list[SystemOneResponse], Timing]:
         rid, future = link.expect()
         job.token, job.link = rid, link
         try:

@@ -32,6 +32,7 @@ from laya.api import (
 from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.questions import Question
+from laya.response import SystemOneResponse
 from laya.schema import request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
@@ -126,7 +127,7 @@ class Context:
         return (deadline if deadline is not None else time.monotonic() + budget), budget
 
     async def answer(self, request: Request, name: str, states: list[Any], questions: list[Question], **options: Any
-                     ) -> list[dict]:
+                     ) -> list[SystemOneResponse]:
         engine, batcher = self.served.engines[name], self.served.batchers[name]
         deadline, budget = self.deadline_of(request)
         rows = len(states) * len(questions)
@@ -181,11 +182,11 @@ class Context:
         if len(results) != len(states) and job.cancelled.is_set():  # stopped by its deadline where it ran
             request.state.log.update(timed_out=True)
             raise timeout_error(budget, self.config)
-        request.state.log.update(input_tokens=sum(r["usage"]["input_tokens"] for r in results),
+        request.state.log.update(input_tokens=sum(r.input_tokens for r in results),
                                  queue_ms=round(timing.queue_ms, 2), inference_ms=round(timing.inference_ms, 2),
                                  batch_jobs=timing.batch_jobs, batch_rows=timing.batch_rows)
         for result in results:
-            result["model"] = name
+            result.model = name
         return results
 
 
@@ -201,7 +202,7 @@ async def systemone(request: Request):
     name = ctx.resolve(req.model)
     (result,) = await ctx.answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix,
                                  tournament=req.tournament)
-    return JSONResponse(result)
+    return JSONResponse(result.to_json())
 
 
 async def systemone_batch(request: Request):
@@ -212,8 +213,8 @@ async def systemone_batch(request: Request):
     name = ctx.resolve(req.model)
     results = await ctx.answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix,
                                tournament=req.tournament)
-    total = sum(r["usage"]["input_tokens"] for r in results)
-    return JSONResponse({"model": name, "results": results,
+    total = sum(r.input_tokens for r in results)
+    return JSONResponse({"model": name, "results": [r.to_json() for r in results],
                          "total_usage": {"input_tokens": total, "output_tokens": 0}})
 
 
