@@ -27,16 +27,16 @@ def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
 
 def answer(question: Question, p: np.ndarray, extras: dict[str, Any] | None = None) -> Answer:
     """The answer of one question from its calibrated probabilities; `extras` are its `x_` fields."""
-    probabilities = {k: float(v) for k, v in zip(question.keys, p)}
     extra = dict(extras or {})
     top = top_probability(p)
+    if question.qtype == "noul":
+        return Answer("noul", float(p[1]), answer_confidence=top, extras=extra)
+    probabilities = {k: float(v) for k, v in zip(question.keys, p)}
     if question.qtype == "choice":
         return Answer("choice", question.keys[int(np.argmax(p))], probabilities, choice_confidence(p),
                       answer_confidence=top, extras=extra)
-    if question.qtype == "score":
-        return Answer("score", float(np.sum(np.arange(len(p)) * p)), probabilities, score_confidence(p),
-                      legend=dict(question.legend or {}), answer_confidence=top, extras=extra)
-    return Answer("noul", float(p[1]), answer_confidence=top, extras=extra)
+    return Answer("score", float(np.sum(np.arange(len(p)) * p)), probabilities, score_confidence(p),
+                  legend=dict(question.legend or {}), answer_confidence=top, extras=extra)
 
 
 def act_probability(act_logits: np.ndarray) -> float:

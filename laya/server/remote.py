@@ -356,11 +356,10 @@ class RemoteEngine:
                 link.send("run", rid, job.payload())
             else:  # megabytes to pickle and write: off the event loop
                 await asyncio.to_thread(link.send, "run", rid, job.payload())
-            results, timing = await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(future)
         except BaseException:
             link.forget(rid)
             raise
-        return results, Timing(**timing)
 
     def warmup(self) -> None:
         """Warmed up in its own process before it said it was ready."""
@@ -456,8 +455,8 @@ def _serve_engine(conn, load, batching: Batching) -> None:
                     log.error("inference failed on %s", engine.name, exc_info=outcome)
                 reply("err", item.rid, portable(outcome))
                 continue
-            timing = {"queue_ms": (started - item.queued) * 1000.0, "inference_ms": seconds * 1000.0,
-                      "batch_rows": rows, "batch_jobs": len(live), "leads_batch": id(item) == leader}
+            timing = Timing(queue_ms=(started - item.queued) * 1000.0, inference_ms=seconds * 1000.0,
+                            batch_rows=rows, batch_jobs=len(live), leads_batch=id(item) == leader)
             reply("ok", item.rid, (outcome, timing))
 
 
