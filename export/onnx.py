@@ -22,7 +22,7 @@ from laya.encoder.checkpoint import Checkpoint
 
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
-GRAPH_REVISION = 5
+GRAPH_REVISION = 6
 # Bumped whenever the int8 quantisation changes (part of the int8 cache key only). 2: per-token activation
 # scales with u8u8 integer matmuls and the first encoder layer in fp32 (1 was onnxruntime's dynamic
 # per-tensor u8s8 quantisation, whose AVX2 kernel saturates without VNNI).
@@ -55,9 +55,9 @@ def _example(checkpoint: Checkpoint):
 
 def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
     import torch
-    from laya.export.torch_net import PortableNet, fused_attention, ort_attention_translation
+    from laya.export.torch_net import ORT_FUSED, PortableNet, ort_translation
 
-    module = PortableNet.load(checkpoint, attention=fused_attention)
+    module = PortableNet.load(checkpoint, ops=ORT_FUSED)
     example = _example(checkpoint)
     batch, length, markers = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2), \
         torch.export.Dim("markers", min=2)
@@ -71,7 +71,7 @@ def export_fp32(checkpoint: Checkpoint, path: Path) -> None:
         warnings.simplefilter("ignore")  # the exporter's notes on axis names and deprecations
         program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=shapes, input_names=INPUTS,
                                     output_names=OUTPUTS, opset_version=OPSET, optimize=True, verbose=False,
-                                    custom_translation_table=ort_attention_translation())
+                                    custom_translation_table=ort_translation())
     program.save(str(path), external_data=False)
     _strip_stack_traces(path)
 
@@ -89,6 +89,88 @@ def _strip_stack_traces(path: Path) -> None:
         for key, value in keep:
             node.metadata_props.add(key=key, value=value)
     onnx.save(graph, str(path))
+
+
+def split_products(source: Path, target: Path) -> int:
+    """Each `MatMul` (+ bias `Add`) whose product is only split along its last axis (the encoder's Wqkv
+    and GeGLU's Wi, the head's packed projection) becomes one product per part, each with its slice of
+    the constant weight and bias. The same arithmetic, but no Split: onnxruntime copies a last-axis
+    split element by element, and at these sizes that copy cost as much as a matmul. Returns how many
+    products were split. (The int8 graph is quantised from the unsplit one: it would otherwise quantise
+    the same input once per part.)"""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    for out in graph.output:
+        readers[out.name] = readers.get(out.name, 0) + 1
+
+    def constant(name: str, rank: int):
+        tensor = inits.get(name)
+        return numpy_helper.to_array(tensor) if tensor is not None and len(tensor.dims) == rank else None
+
+    replaced: dict[str, list] = {}  # the Split's name -> the nodes that take its place
+    dropped: set[str] = set()
+    added: list = []
+    for split in graph.node:
+        axis = next((a.i for a in split.attribute if a.name == "axis"), 0)
+        if split.op_type != "Split" or len(split.input) != 1 or axis not in (-1, 2):
+            continue
+        source_node, bias = producer.get(split.input[0]), None
+        if source_node is not None and source_node.op_type == "Add" and readers.get(split.input[0]) == 1:
+            bias = constant(source_node.input[1], 1)
+            add, source_node = source_node, producer.get(source_node.input[0])
+            if bias is None or readers.get(add.input[0]) != 1:
+                continue
+        else:
+            add = None
+        if source_node is None or source_node.op_type != "MatMul" or readers.get(source_node.output[0]) != 1:
+            continue
+        weight = constant(source_node.input[1], 2)
+        parts = len(split.output)
+        if weight is None or weight.shape[1] % parts:
+            continue
+        width = weight.shape[1] // parts
+        nodes = []
+        for i, out in enumerate(split.output):
+            name = f"{source_node.name}/part{i}"
+            w = f"{name}/weight"
+            added.append(numpy_helper.from_array(np.ascontiguousarray(weight[:, i * width:(i + 1) * width]), w))
+            product = helper.make_node("MatMul", [source_node.input[0], w], [out if add is None else f"{name}/y"],
+                                       name=name)
+            product.metadata_props.extend(source_node.metadata_props)  # the int8 pass reads the namespace
+            nodes.append(product)
+            if add is not None:
+                b = f"{name}/bias"
+                added.append(numpy_helper.from_array(np.ascontiguousarray(bias[i * width:(i + 1) * width]), b))
+                nodes.append(helper.make_node("Add", [f"{name}/y", b], [out], name=f"{name}/add"))
+        replaced[split.name] = nodes
+        dropped |= {source_node.name} | ({add.name} if add is not None else set())
+    if not replaced:
+        onnx.save(model, str(target))
+        return 0
+    nodes = []
+    for node in graph.node:
+        if node.name in dropped:
+            continue
+        nodes.extend(replaced.get(node.name, [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(target))
+    return len(replaced)
 
 
 def measure_gate(checkpoint: Checkpoint, fp32_path: Path, int8_path: Path) -> dict[str, Any]:
@@ -214,7 +296,7 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
             manifest["gate"] = measure_gate(checkpoint, fp32_path, int8_path)
             shutil.copyfile(int8_path, out / "model.onnx")
         else:
-            shutil.copyfile(fp32_path, out / "model.onnx")
+            manifest["split_products"] = split_products(fp32_path, out / "model.onnx")
     manifest["fingerprint"] = checkpoint.fingerprint
     manifest["graph_sha256"] = hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
     write_manifest(out, manifest)

@@ -1,8 +1,8 @@
 """The decision network in plain PyTorch, written for exporters rather than for reading checkpoints.
 
 The reference runtime runs transformers' ModernBERT; exporters need a graph whose shape they control:
-attention as one replaceable call (ONNX Runtime's fused `MultiHeadAttention`, or plain matmuls), RoPE
-tables precomputed in fp32 and sliced to the sequence length, and the head's tail batched with
+attention, RoPE and GeGLU's GELU as replaceable calls (`GraphOps`: ONNX Runtime's fused kernels, or
+plain operations for Core ML), RoPE tables precomputed in fp32, and the head's tail batched with
 traceable shapes. Same maths as laya-format.md sections 3 and 6; the parity suite checks every graph built from
 it against the reference.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     return out.transpose(1, 2).reshape(b, n, d)
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rotate-half RoPE on [B, L, D] projections from half-width tables [max_len, head_dim / 2]
+    (the layout of ORT's RotaryEmbedding, whose translation this is the meaning of)."""
+    b, n, d = x.shape
+    c, s = torch.cat([cos[:n], cos[:n]], -1)[:, None, :], torch.cat([sin[:n], sin[:n]], -1)[:, None, :]
+    return rotate(x.view(b, n, num_heads, d // num_heads), c, s).reshape(b, n, d)
+
+
 @torch.library.custom_op("laya::attention", mutates_args=())
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                     num_heads: int) -> torch.Tensor:
@@ -52,29 +61,80 @@ def _fused_attention_shape(q, k, v, bias, num_heads):
     return torch.empty_like(q)
 
 
-def ort_attention_translation():
-    """The ONNX translation of `laya::attention`: com.microsoft::MultiHeadAttention (onnxruntime only)."""
+@torch.library.custom_op("laya::rotary", mutates_args=())
+def fused_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """`rotary` as one opaque op: ORT's RotaryEmbedding in the graph instead of ~10 slices, negations,
+    concatenations, products and sums per projection."""
+    return rotary(x, cos, sin, num_heads)
+
+
+@fused_rotary.register_fake
+def _fused_rotary_shape(x, cos, sin, num_heads):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("laya::gelu", mutates_args=())
+def fused_gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU as one opaque op: ORT's Gelu kernel instead of five elementwise passes."""
+    return F.gelu(x)
+
+
+@fused_gelu.register_fake
+def _fused_gelu_shape(x):
+    return torch.empty_like(x)
+
+
+@dataclass(frozen=True)
+class GraphOps:
+    """The operations an exporter may replace with fused kernels of its target: attention
+    (q, k, v [B, L, D], an additive bias, heads), RoPE on [B, L, D] (`None`: the plain rotate-half on
+    full-width tables, as Core ML traces it) and GeGLU's GELU. The maths is the same in every set."""
+
+    attention: Callable = attend
+    rotary: Callable | None = None
+    gelu: Callable = F.gelu
+
+
+PLAIN = GraphOps()
+ORT_FUSED = GraphOps(attention=fused_attention, rotary=fused_rotary, gelu=fused_gelu)
+
+
+def ort_translation():
+    """The ONNX translations of the fused ops (onnxruntime's com.microsoft domain): MultiHeadAttention,
+    RotaryEmbedding (rotate-half, positions from 0) and Gelu."""
     import onnxscript
     from onnx.defs import OpSchema
 
-    # The onnx package carries no schemas for ORT's contrib ops: declare the part of this one we use.
-    def arg(name: str, optional: bool = False) -> OpSchema.FormalParameter:
+    # The onnx package carries no schemas for ORT's contrib ops: declare the part of each we use.
+    def arg(name: str, optional: bool = False, kind: str = "T") -> OpSchema.FormalParameter:
         option = OpSchema.FormalParameterOption.Optional if optional else OpSchema.FormalParameterOption.Single
-        return OpSchema.FormalParameter(name, "T", param_option=option)
+        return OpSchema.FormalParameter(name, kind, param_option=option)
 
-    schema = OpSchema(
-        "MultiHeadAttention", "com.microsoft", 1,
-        inputs=[arg("query"), arg("key"), arg("value"), arg("bias", True), arg("key_padding_mask", True),
-                arg("attention_bias", True)],
-        outputs=[arg("output")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "")],
-        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "", required=True)])
-    mha = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), "MultiHeadAttention", schema)
+    floats = [("T", ["tensor(float)", "tensor(float16)"], "")]
 
-    def translate(q, k, v, bias, num_heads: int):
+    def contrib(name: str, inputs: list, attributes: list, constraints: list = floats) -> onnxscript.values.Op:
+        schema = OpSchema(name, "com.microsoft", 1, inputs=inputs, outputs=[arg("output")],
+                          type_constraints=constraints, attributes=attributes)
+        return onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), name, schema)
+
+    heads = OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "", required=True)
+    mha = contrib("MultiHeadAttention", [arg("query"), arg("key"), arg("value"), arg("bias", True),
+                                         arg("key_padding_mask", True), arg("attention_bias", True)], [heads])
+    rope = contrib("RotaryEmbedding", [arg("input"), arg("position_ids", kind="M"), arg("cos_cache"),
+                                       arg("sin_cache")],
+                   [heads, OpSchema.Attribute("interleaved", OpSchema.AttrType.INT, "", required=True)],
+                   floats + [("M", ["tensor(int64)"], "")])
+    gelu = contrib("Gelu", [arg("X")], [])
+
+    def attention(q, k, v, bias, num_heads: int):
         return mha(q, k, v, None, None, bias, num_heads=num_heads)
 
-    return {torch.ops.laya.attention.default: translate}
+    def rotary_embedding(x, cos, sin, num_heads: int):
+        start = onnxscript.opset18.Constant(value_ints=[0])  # position s is position_ids[0] + s
+        return rope(x, start, cos, sin, num_heads=num_heads, interleaved=0)
+
+    return {torch.ops.laya.attention.default: attention, torch.ops.laya.rotary.default: rotary_embedding,
+            torch.ops.laya.gelu.default: gelu}
 
 
 class Rope(nn.Module):
@@ -89,6 +149,8 @@ class Rope(nn.Module):
         emb = torch.cat([freqs, freqs], -1)[:, None, :]  # [L, 1, head_dim], broadcast over heads
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos_half", freqs.cos(), persistent=False)  # [L, head_dim / 2]: `rotary`'s
+        self.register_buffer("sin_half", freqs.sin(), persistent=False)
 
     def tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[:length], self.sin[:length]
@@ -116,10 +178,10 @@ class PortableNet(nn.Module):
     reference network that answers and trains is `laya.encoder.runtimes.pytorch.DecisionNet`."""
 
     def __init__(self, enc: EncoderConfig, head_layers: int, n_act: int, max_len: int,
-                 attention: Callable = attend):
+                 ops: GraphOps = PLAIN):
         super().__init__()
         d = enc.hidden_size
-        self.enc, self.attention = enc, attention
+        self.enc, self.ops = enc, ops
         self.emb = nn.Embedding(enc.vocab_size, d)
         self.emb_norm = nn.LayerNorm(d, eps=1e-5, bias=False)
         self.layers = nn.ModuleList(EncoderLayer(d, enc.intermediate_size, i == 0)
@@ -135,9 +197,9 @@ class PortableNet(nn.Module):
         self.act_head = nn.Sequential(nn.Linear(d + 4, ACT_HIDDEN), nn.GELU(), nn.Linear(ACT_HIDDEN, n_act))
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, attention: Callable = attend) -> PortableNet:
+    def load(cls, checkpoint: Checkpoint, ops: GraphOps = PLAIN) -> PortableNet:
         cfg = checkpoint.config
-        net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, cfg.max_len, attention)
+        net = cls(checkpoint.encoder, cfg.head_layers, cfg.n_act, cfg.max_len, ops)
         net.load_state_dict({ours: torch.from_numpy(checkpoint.weights[theirs]).float()
                              for ours, theirs in net.checkpoint_names().items()}, strict=True)
         return net.eval()
@@ -166,17 +228,23 @@ class PortableNet(nn.Module):
         pos = torch.arange(n)
         far = (pos[:, None] - pos[None, :]).abs() > enc.local_attention // 2
         local_bias = global_bias + far.float()[None, None] * NEG
-        tables = {True: self.rope_global.tables(n), False: self.rope_local.tables(n)}
+        ops = self.ops
+
+        def rope(t: torch.Tensor, table: Rope) -> torch.Tensor:
+            if ops.rotary is not None:  # the whole half-width table: the fused kernel indexes it by position
+                return ops.rotary(t, table.cos_half, table.sin_half, heads)
+            cos, sin = table.tables(n)
+            return rotate(t.view(b, n, heads, hd), cos, sin).reshape(b, n, -1)
+
         x = self.emb_norm(self.emb(input_ids))
         for i, layer in enumerate(self.layers):
             is_global = enc.is_global(i)
-            cos, sin = tables[is_global]
-            q, k, v = layer.Wqkv(layer.attn_norm(x)).view(b, n, 3, heads, hd).unbind(2)
-            q, k = rotate(q, cos, sin).reshape(b, n, -1), rotate(k, cos, sin).reshape(b, n, -1)
-            x = x + layer.Wo(self.attention(q, k, v.reshape(b, n, -1), global_bias if is_global else local_bias,
-                                            heads))
+            table = self.rope_global if is_global else self.rope_local
+            q, k, v = layer.Wqkv(layer.attn_norm(x)).chunk(3, -1)  # [B, L, D] each, heads inside
+            x = x + layer.Wo(ops.attention(rope(q, table), rope(k, table), v,
+                                           global_bias if is_global else local_bias, heads))
             a, g = layer.Wi(layer.mlp_norm(x)).chunk(2, -1)
-            x = x + layer.Wo_mlp(F.gelu(a) * g)
+            x = x + layer.Wo_mlp(ops.gelu(a) * g)
         return self.final_norm(x)
 
     def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
@@ -188,7 +256,7 @@ class PortableNet(nn.Module):
         for layer in self.head.layers:
             attn = layer.self_attn
             q, k, v = F.linear(head_norm(layer.norm1, h), attn.in_proj_weight, attn.in_proj_bias).chunk(3, -1)
-            h = h + attn.out_proj(self.attention(q, k, v, keys, attn.n_heads))
+            h = h + attn.out_proj(self.ops.attention(q, k, v, keys, attn.n_heads))
             h = h + layer.linear2(F.relu(layer.linear1(head_norm(layer.norm2, h))))
         m = torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, h.size(-1)))
         logits = self.scorer[1:](head_norm(self.scorer[0], m)).squeeze(-1).float()

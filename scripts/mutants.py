@@ -4,8 +4,9 @@
     .venv/bin/python scripts/mutants.py --list       # names, files and the tests that should catch each
     .venv/bin/python scripts/mutants.py tree-no-restore rows-no-cut   # some of them (fnmatch patterns too)
 
-Each mutant is a snippet of one module of `laya/` (it must occur exactly once) and what replaces it.
-The script copies `laya/` into a temporary folder, plants the bug there, and runs the mutant's tests
+Each mutant is a snippet of one module of `laya/` or `export/` (it must occur exactly once) and what
+replaces it. The script copies `laya/` into a temporary folder (`export/` and `models/` inside it, as
+the wheel lays them out), plants the bug there, and runs the mutant's tests
 from this checkout with that copy first on `PYTHONPATH` (the checkout itself is never written to, so
 it is safe while others run tests from it). A mutant is `caught` when its tests fail, `survived` when
 they pass. The baseline runs every named test on an unmutated copy first: a test that fails there
@@ -46,6 +47,8 @@ BATCHER = "laya/server/batcher.py"
 BODY = "laya/server/body.py"
 REMOTE = "laya/server/remote.py"
 ONNX = "laya/encoder/runtimes/onnx.py"
+ONNX_EXPORT = "export/onnx.py"
+GRAPH_TEST = ("tests/test_onnx.py::test_the_graph_runs_fused_kernels_and_splits_no_product",)
 TEMPS = "laya/calibration/temperatures.py"
 
 TREE_TESTS = ("tests/test_decide_policy.py",)
@@ -133,6 +136,14 @@ MUTANTS = [
     Mutant("onnx-keeps-spinning", ONNX, 'options.add_session_config_entry("session.force_spinning_stop", "1")',
            "pass", ("tests/test_onnx.py::test_the_thread_pool_stops_spinning_when_a_forward_pass_ends",),
            "ONNX Runtime's pool spins on after every forward pass"),
+    Mutant("onnx-unfused", ONNX_EXPORT, "module = PortableNet.load(checkpoint, ops=ORT_FUSED)",
+           "module = PortableNet.load(checkpoint)", GRAPH_TEST,
+           "the ONNX graph spells RoPE, GELU and attention out in small operators"),
+    Mutant("onnx-split-kept", ONNX_EXPORT,
+           'manifest["split_products"] = split_products(fp32_path, out / "model.onnx")',
+           'manifest["split_products"] = split_products(fp32_path, Path(tmp) / "unused.onnx")\n'
+           '            shutil.copyfile(fp32_path, out / "model.onnx")', GRAPH_TEST,
+           "the fp32 bundle keeps its last-axis splits of products"),
     # --- body decoding ---
     Mutant("body-zstd-uncapped", BODY, "out = reader.read(limit + 1)", "out = reader.read()", BODY_TESTS,
            "zstd inflated without a cap"),
@@ -155,7 +166,7 @@ MUTANTS = [
 
 
 def plant(copy: Path, mutant: Mutant) -> None:
-    path = copy / mutant.file
+    path = copy / ("laya/" + mutant.file if mutant.file.startswith(("export/", "models/")) else mutant.file)
     text = path.read_text(encoding="utf-8")
     count = text.count(mutant.original)
     if count != 1:
@@ -166,9 +177,10 @@ def plant(copy: Path, mutant: Mutant) -> None:
 def run_tests(copy: Path, tests: tuple[str, ...], stop: bool = True, root: Path = ROOT) -> tuple[int, float, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)}
     # run from the copy: `python -m` puts the working folder first on sys.path, ahead of PYTHONPATH
-    probe = subprocess.run([sys.executable, "-c", "import laya; print(laya.__file__)"], env=env, cwd=copy,
-                           capture_output=True, text=True, check=True)
-    if not probe.stdout.strip().startswith(str(copy)):
+    where = "import laya, laya.export; print(laya.__file__, laya.export.__file__)"
+    probe = subprocess.run([sys.executable, "-c", where], env=env, cwd=copy, capture_output=True, text=True,
+                           check=True)
+    if not all(path.startswith(str(copy)) for path in probe.stdout.split()):
         raise SystemExit(f"the copy is not the laya imported ({probe.stdout.strip()})")
     started = time.perf_counter()
     try:
@@ -188,6 +200,8 @@ def run_tests(copy: Path, tests: tuple[str, ...], stop: bool = True, root: Path 
 def fresh_copy(base: Path, name: str) -> Path:
     copy = base / name
     shutil.copytree(ROOT / "laya", copy / "laya", ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in ("export", "models"):  # laya.export and laya.models, as in the wheel
+        shutil.copytree(ROOT / sub, copy / "laya" / sub, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
 
 

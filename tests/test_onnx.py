@@ -45,6 +45,28 @@ def test_bundle_contents_and_manifest(bundles):
     assert {"max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed", "rows"} <= set(gate)
 
 
+def test_the_graph_runs_fused_kernels_and_splits_no_product(bundles):
+    """What makes the forward pass cheap (GRAPH_REVISION 6): RoPE, GeGLU's GELU and attention are one
+    onnxruntime kernel each, and no product is split along its last axis (a strided copy as dear as
+    a matmul at these sizes). A graph that lost one of them still answers right, only slower."""
+    import collections
+
+    import onnx
+
+    checkpoint = load_checkpoint(SOURCE)
+    layers, head_layers = checkpoint.encoder.num_hidden_layers, checkpoint.config.head_layers
+    graph = onnx.load(str(bundles / "fp32" / "model.onnx")).graph
+    ops = collections.Counter(node.op_type for node in graph.node)
+    assert ops["RotaryEmbedding"] == 2 * layers  # queries and keys of every layer
+    assert ops["Gelu"] == layers  # GeGLU; the scorer's and act head's GELU read a few vectors (Erf)
+    assert ops["MultiHeadAttention"] == layers + head_layers
+    assert ops["Split"] == 0 and ops["Neg"] <= 1  # no rotate-half left (one Neg: the act head's entropy)
+    manifest = json.loads((bundles / "fp32" / "manifest.json").read_text())
+    assert manifest["split_products"] == 2 * layers + head_layers  # Wqkv and Wi; the head's packed projection
+    int8 = onnx.load(str(bundles / "int8" / "model.onnx")).graph
+    assert collections.Counter(node.op_type for node in int8.node)["RotaryEmbedding"] == 2 * layers
+
+
 def test_exporting_twice_gives_the_same_bytes(bundles):
     for path in (bundles / "fp32").rglob("*"):
         if path.is_file():
