@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
 
 from laya.api import ApiError
 from laya.engine import Engine
@@ -32,6 +33,12 @@ log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
 REQUEST_ID = "x-typesafe-request-id"
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
+# The decision routes, called straight from `RequestContext` instead of through FastAPI's and
+# Starlette's eight layers of middleware, routing and endpoint wrapping (error, telemetry and body-limit
+# middleware, exception handlers, exit stacks, the router, the route's request handler): 0.36 ms of a
+# decision's ~4 ms around the model on a two-core machine (interleaved A/B). FastAPI still registers
+# them, for the OpenAPI document and for every other method or a mounted prefix on these paths.
+DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch}
 
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -120,7 +127,16 @@ class RequestContext:
                 await send({"type": "http.response.body",
                             "body": json.dumps({"detail": {"error_type": kind, "message": message}}).encode()})
                 return
-            await self.app(scope, receive, send_with_id)
+            route = DIRECT.get((scope["method"], scope["path"]))
+            if route is None:
+                await self.app(scope, receive, send_with_id)
+            else:
+                request = Request(scope, receive)
+                try:
+                    response = await route(request)
+                except ApiError as exc:
+                    response = await routes.api_error(request, exc)
+                await response(scope, receive, send_with_id)
         except Exception:
             log.exception("internal error on %s %s (request %s)", scope["method"], scope["path"], rid)
             if not status["started"]:
