@@ -91,6 +91,17 @@ def _strip_stack_traces(path: Path) -> None:
     onnx.save(graph, str(path))
 
 
+def _rewrite(graph, nodes: list, added: list) -> None:
+    """`graph` with `nodes` as its operators: the initializers nothing reads any more dropped,
+    `added` appended (the graph passes below each replace some nodes and their constants)."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+
+
 def split_products(source: Path, target: Path) -> int:
     """Each `MatMul` (+ bias `Add`) whose product is only split along its last axis (the encoder's Wqkv
     and GeGLU's Wi, the head's packed projection) becomes one product per part, each with its slice of
@@ -162,12 +173,7 @@ def split_products(source: Path, target: Path) -> int:
         if node.name in dropped:
             continue
         nodes.extend(replaced.get(node.name, [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + added)
+    _rewrite(graph, nodes, added)
     onnx.checker.check_model(model)
     onnx.save(model, str(target))
     return len(replaced)
@@ -259,12 +265,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> int:
             helper.make_node("Mul", [f"{p}/y", f"{p}/scale"], list(node.output), name=node.name),
         ]
         nodes[-1].metadata_props.extend(node.metadata_props)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for n in graph.node for name in n.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + added)
+    _rewrite(graph, nodes, added)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(int8_path))
