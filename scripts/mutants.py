@@ -136,6 +136,8 @@ MUTANTS = [
     Mutant("onnx-keeps-spinning", ONNX, 'options.add_session_config_entry("session.force_spinning_stop", "1")',
            "pass", ("tests/test_onnx.py::test_the_thread_pool_stops_spinning_when_a_forward_pass_ends",),
            "ONNX Runtime's pool spins on after every forward pass"),
+    Mutant("decode-sequential-sum", "laya/heads/floats.py", "    if n < _UNROLL:", "    if True:",
+           ("tests/test_decode.py",), "decoding sums probabilities one by one, not in numpy's pairwise order"),
     Mutant("onnx-unfused", ONNX_EXPORT, "module = PortableNet.load(checkpoint, ops=ORT_FUSED)",
            "module = PortableNet.load(checkpoint)", GRAPH_TEST,
            "the ONNX graph spells RoPE, GELU and attention out in small operators"),

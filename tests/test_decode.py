@@ -49,3 +49,41 @@ def test_noul_answer_is_p_true_without_confidence():
 def test_act_probability_is_the_first_output():
     assert decode.act_probability(np.array([0.0, 0.0])) == pytest.approx(0.5)
     assert decode.act_probability(np.array([10.0, 0.0])) > 0.99
+
+
+def test_pairwise_sum_adds_in_numpys_order():
+    """Decoding sums on plain floats; numpy's pairwise order keeps the answers' bits (a sequential sum
+    differs from numpy's from 8 values on)."""
+    from laya.heads.floats import pairwise_sum
+
+    rng = np.random.default_rng(3)
+    for n in [*range(1, 300), 511, 1000, 4099]:
+        values = np.exp(rng.normal(size=n) * 6)
+        assert pairwise_sum(values.tolist()) == float(values.sum()), n
+
+
+def test_decoding_on_floats_equals_the_numpy_formulas():
+    """Probabilities to an ulp (`exp` may be numpy's own on AVX-512), then every figure derived from
+    them exactly as numpy computes it."""
+    from laya.calibration.confidence import choice_confidence, score_confidence
+
+    rng = np.random.default_rng(4)
+    for n in (2, 3, 7, 8, 9, 17, 128, 129, 255):
+        z = (rng.normal(size=n) * 4).astype(np.float32)
+        p = decode.probabilities(z, 1.7602)
+        z64 = z.astype(np.float64) / 1.7602
+        e = np.exp(z64 - z64.max())
+        np.testing.assert_allclose(p, e / e.sum(), rtol=1e-15, atol=0)
+        levels = np.arange(n, dtype=np.float64)
+        k = int(np.argmax(p))
+        spread = float(np.mean(np.abs(levels - (n - 1) / 2.0)))
+        assert score_confidence(p) == min(1.0, max(0.0, 1.0 - float(np.sum(p * np.abs(levels - k))) / spread))
+        assert choice_confidence(p) == min(1.0, max(0.0, (float(np.max(p)) - 1.0 / n) / (1.0 - 1.0 / n)))
+        if n <= 11:
+            q = parse_question("s", {"type": "score", "instructions": "x", "criteria": [f"l{i}" for i in range(n)]})
+            assert decode.answer(q, p).value == float(np.sum(np.arange(n) * p))
+        q = parse_question("c", {"type": "choice", "instructions": "x", "criteria": {f"o{i}": None for i in range(n)}})
+        assert decode.answer(q, p).value == f"o{k}"
+    act = np.array([1.25, -0.5], dtype=np.float32)
+    e = np.exp(act.astype(np.float64) - float(act.max()))
+    assert decode.act_probability(act) == pytest.approx(float(e[0] / e.sum()), rel=1e-15)

@@ -7,29 +7,34 @@ thresholds apply to.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
+
+from laya.heads.floats import floats, pairwise_sum
+
+# `p` is a vector of probabilities (numpy or a list of floats); the arithmetic is on plain floats in
+# numpy's order (see laya.heads.floats).
 
 
-def top_probability(p: np.ndarray) -> float:
-    return float(np.max(p))
+def top_probability(p: Any) -> float:
+    return max(floats(p))
 
 
-def choice_confidence(p: np.ndarray) -> float:
+def choice_confidence(p: Any) -> float:
     """(m - 1/n) / (1 - 1/n): 0 for a uniform answer, 1 for a certain one."""
     n = len(p)
     if n < 2:
         return 1.0
-    value = (float(np.max(p)) - 1.0 / n) / (1.0 - 1.0 / n)
+    value = (max(floats(p)) - 1.0 / n) / (1.0 - 1.0 / n)
     return min(1.0, max(0.0, value))
 
 
-def score_confidence(p: np.ndarray) -> float:
+def score_confidence(p: Any) -> float:
     """max(0, 1 - sum_i p_i |i - k| / D), k the likeliest level, D the uniform answer's spread."""
+    p = floats(p)
     n = len(p)
-    levels = np.arange(n, dtype=np.float64)
-    spread = float(np.mean(np.abs(levels - (n - 1) / 2.0)))
+    spread = pairwise_sum([abs(i - (n - 1) / 2.0) for i in range(n)]) / n
     if spread == 0.0:
         return 1.0
-    k = int(np.argmax(p))
-    value = 1.0 - float(np.sum(p * np.abs(levels - k))) / spread
+    k = p.index(max(p))
+    value = 1.0 - pairwise_sum([v * abs(i - k) for i, v in enumerate(p)]) / spread
     return min(1.0, max(0.0, value))

@@ -46,7 +46,9 @@ def padded_length(n_tokens: int, step: int = LENGTH_STEP) -> int:
 
 
 def collate(rows: list[Row], pad_id: int, length: int | None = None) -> Batch:
-    """Pad `rows` to the longest (or to `length`, for runtimes with fixed shapes)."""
+    """Pad `rows` to the longest (or to `length`, for runtimes with fixed shapes). Each array is
+    built in one go from padded Python lists: per-row slice assignments into preallocated arrays
+    were a dozen numpy calls for two rows, ~0.15 ms where the code runs cold."""
     if not rows:
         raise ValueError("collate needs at least one row")
     longest = max(len(r.ids) for r in rows)
@@ -54,14 +56,14 @@ def collate(rows: list[Row], pad_id: int, length: int | None = None) -> Batch:
     if n_len < longest:
         raise ValueError(f"a row of {longest} tokens does not fit a batch of length {n_len}")
     k = max(len(r.markers) for r in rows)
-    ids = np.full((len(rows), n_len), pad_id, dtype=np.int64)
-    att = np.zeros((len(rows), n_len), dtype=np.int64)
-    pos = np.zeros((len(rows), k), dtype=np.int64)
-    mask = np.zeros((len(rows), k), dtype=bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row.ids)] = row.ids
-        att[i, : len(row.ids)] = 1
-        pos[i, : len(row.markers)] = row.markers
-        mask[i, : len(row.markers)] = True
-    qtype = np.array([r.qtype for r in rows], dtype=np.int64)
-    return Batch(input_ids=ids, attention_mask=att, marker_pos=pos, marker_mask=mask, qtype=qtype)
+    ids, att, pos, mask = [], [], [], []
+    for row in rows:
+        n, m = len(row.ids), len(row.markers)
+        ids.append([*row.ids, *[pad_id] * (n_len - n)])
+        att.append([1] * n + [0] * (n_len - n))
+        pos.append([*row.markers, *[0] * (k - m)])
+        mask.append([True] * m + [False] * (k - m))
+    return Batch(input_ids=np.array(ids, dtype=np.int64), attention_mask=np.array(att, dtype=np.int64),
+                 marker_pos=np.array(pos, dtype=np.int64).reshape(len(rows), k),
+                 marker_mask=np.array(mask, dtype=bool).reshape(len(rows), k),
+                 qtype=np.array([r.qtype for r in rows], dtype=np.int64))
