@@ -12,7 +12,9 @@ figure is also given as what it adds to the bare forward, the quantity the targe
 (predict <= forward + 0.5 ms, HTTP p50 <= forward + 1.5 ms, p99 <= forward + 5 ms).
 
 HTTP is measured from a lean client (`http.client`, one keep-alive connection), so the figure is the
-server's; the same from an `httpx.Client` is printed beside it, with what that client adds itself.
+server's; the same from an `httpx.Client` is printed beside it, with what that client adds itself,
+and the same from a second server started with `--single-process` (the model in the server's own
+process), with what the engine process costs at p50 and p99.
 
 Then the hop to the engine process: the engine's `prepare` + `execute` of the request in this process,
 and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
@@ -32,6 +34,7 @@ import time
 import warnings
 from http.client import HTTPConnection
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -107,36 +110,31 @@ def main() -> None:
               f"{args.threads} threads; {len(rows)} rows, {int(batch.attention_mask.sum())} tokens, padded to "
               f"{batch.input_ids.shape[1]} each: {flops / 1e6:.0f} MFLOP a forward")
 
-        port = free_port()
-        log = open(Path(tmp) / "serve.log", "w+")  # noqa: SIM115 - read back on failure
-        server = subprocess.Popen([sys.executable, "-m", "laya.cli", "serve", "--port", str(port), "-m",
-                                   f"enc={folder}", "-r", args.runtime, "--threads", str(args.threads),
-                                   *args.serve_args], stdout=log, stderr=subprocess.STDOUT)
+        servers = {"http": start_server(folder, args, []), "single": start_server(folder, args, ["--single-process"])}
         try:
-            url = f"http://127.0.0.1:{port}"
-            if not wait_ready(url, server, 180):
-                log.seek(0)
-                raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
             body = {"model": "enc", "state": STATE, "questions": QUESTIONS}
             raw = json.dumps(body).encode()
-            lean = HTTPConnection("127.0.0.1", port, timeout=30)
-            with httpx.Client(base_url=url, timeout=30) as client:
+            lean = {name: HTTPConnection("127.0.0.1", port, timeout=30) for name, (_, port, _) in servers.items()}
+            with httpx.Client(base_url=f"http://127.0.0.1:{servers['http'][1]}", timeout=30) as client:
                 def post() -> None:
                     response = client.post("/v1/systemone", json=body)
                     if response.status_code != 200:
                         raise SystemExit(f"HTTP {response.status_code}: {response.text[:500]}")
 
-                def post_lean() -> None:
-                    lean.request("POST", "/v1/systemone", raw, {"content-type": "application/json"})
-                    response = lean.getresponse()
-                    text = response.read()
-                    if response.status != 200:
-                        raise SystemExit(f"HTTP {response.status}: {text[:500]!r}")
+                def poster(conn: HTTPConnection):
+                    def post_lean() -> None:
+                        conn.request("POST", "/v1/systemone", raw, {"content-type": "application/json"})
+                        response = conn.getresponse()
+                        text = response.read()
+                        if response.status != 200:
+                            raise SystemExit(f"HTTP {response.status}: {text[:500]!r}")
+                    return post_lean
 
                 # interleaved in rounds of 10 calls each, so drift of a shared machine touches them all alike
                 calls = {"forward": lambda: model.runtime.forward(batch),
                          "tiny": lambda: model.runtime.forward(tiny),
-                         "predict": lambda: model.predict(STATE, QUESTIONS), "http": post_lean, "httpx": post}
+                         "predict": lambda: model.predict(STATE, QUESTIONS), "http": poster(lean["http"]),
+                         "httpx": post, "single": poster(lean["single"])}
                 times: dict[str, list[float]] = {name: [] for name in calls}
                 for call in calls.values():
                     timed(call, 0, warmup=20)
@@ -145,9 +143,10 @@ def main() -> None:
                         time.sleep(0.05)  # the other side's thread pools go idle first (ONNX Runtime spins)
                         times[name] += timed(call, 10, warmup=1)
         finally:
-            server.terminate()
-            server.wait(30)
-            log.close()
+            for server, _, log in servers.values():
+                server.terminate()
+                server.wait(30)
+                log.close()
         forward, predict, http = times["forward"], times["predict"], times["http"]
         f50 = statistics.median(forward)
         print(line("runtime.forward (2 rows)", forward, None)
@@ -158,7 +157,24 @@ def main() -> None:
         print(line("HTTP, 1 keep-alive connection", http, f50))
         print(line("  the same from an httpx.Client", times["httpx"], f50)
               + f"   (the client's own cost: +{statistics.median(times['httpx']) - statistics.median(http):.2f} ms)")
+        print(line("  the same, serve --single-process", times["single"], f50)
+              + f"   (the engine process costs +{statistics.median(http) - statistics.median(times['single']):.2f}"
+              f" / +{float(np.percentile(http, 99) - np.percentile(times['single'], 99)):.2f} ms)")
         hop(folder, args, model)
+
+
+def start_server(folder: Path, args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, int, Any]:
+    """`laya serve` of the checkpoint on a free loopback port, ready; its log is kept for a failure."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by the caller
+    server = subprocess.Popen([sys.executable, "-m", "laya.cli", "serve", "--port", str(port), "-m", f"enc={folder}",
+                               "-r", args.runtime, "--threads", str(args.threads), *extra, *args.serve_args],
+                              stdout=log, stderr=subprocess.STDOUT)
+    if not wait_ready(f"http://127.0.0.1:{port}", server, 180):
+        server.kill()
+        log.seek(0)
+        raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
+    return server, port, log
 
 
 def hop(folder: Path, args: argparse.Namespace, model) -> None:
