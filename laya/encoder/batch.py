@@ -64,6 +64,5 @@ def collate(rows: list[Row], pad_id: int, length: int | None = None) -> Batch:
         pos.append([*row.markers, *[0] * (k - m)])
         mask.append([True] * m + [False] * (k - m))
     return Batch(input_ids=np.array(ids, dtype=np.int64), attention_mask=np.array(att, dtype=np.int64),
-                 marker_pos=np.array(pos, dtype=np.int64).reshape(len(rows), k),
-                 marker_mask=np.array(mask, dtype=bool).reshape(len(rows), k),
+                 marker_pos=np.array(pos, dtype=np.int64), marker_mask=np.array(mask, dtype=bool),
                  qtype=np.array([r.qtype for r in rows], dtype=np.int64))

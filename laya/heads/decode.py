@@ -7,7 +7,7 @@ arithmetic: decoding one answer took ~25 of them, ~0.2 ms on a 2-core VM whose c
 every timer tick. So the arithmetic here is on plain floats, doing exactly the operations numpy did
 before, in the same order (float64 division, `exp` of the shifted logits, numpy's pairwise summation
 in `floats.pairwise_sum`): the answers keep their bits wherever Python's `exp` and numpy's agree (every
-processor without AVX-512, where both are the C library's; within one ulp where numpy has its own).
+processor without AVX-512, where both are the C library's; within a few ulps where numpy has its own).
 """
 
 from __future__ import annotations
