@@ -35,15 +35,21 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -z "${CMAKE_ARGS:-}" ]; the
     wanted=$(echo "$LLAMA_CPU_VARIANTS" | tr ';' '\n' | sed 's|^|libggml-cpu-|; s|$|.so|' | sort | tr '\n' ' ')
     have=$(cd "$lib_dir" 2>/dev/null && ls libggml-cpu-*.so 2>/dev/null | sort | tr '\n' ' ' || true)
     version=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('llama_cpp_python'))" 2>/dev/null || true)
-    if [ "$have" != "$wanted" ] || [ "$version" != "$LLAMA_CPP_PYTHON" ]; then
-        wheels="${LAYA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/laya/wheels}/llama-cpp-python-$LLAMA_CPP_PYTHON-$(echo "$LLAMA_CPU_VARIANTS" | tr ';' '-')"
+    # The build is named by its version, its variants and the patches it carries (scripts/llama-*.patch),
+    # so a changed patch builds a new wheel and an installed one without it is replaced.
+    build="$LLAMA_CPP_PYTHON-$(echo "$LLAMA_CPU_VARIANTS" | tr ';' '-')-$(cat scripts/llama-*.patch | sha256sum | cut -c1-12)"
+    built=$(cat "$lib_dir/laya-build" 2>/dev/null || true)
+    if [ "$have" != "$wanted" ] || [ "$version" != "$LLAMA_CPP_PYTHON" ] || [ "$built" != "$build" ]; then
+        wheels="${LAYA_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/laya/wheels}/llama-cpp-python-$build"
         if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
             echo "setup: building llama-cpp-python $LLAMA_CPP_PYTHON with CPU variants $LLAMA_CPU_VARIANTS (minutes)"
             src=$(mktemp -d)
             .venv/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d "$src" \
                 "llama-cpp-python==$LLAMA_CPP_PYTHON"
             tar -xzf "$src/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$src"
-            patch -s -p1 -d "$src/llama_cpp_python-$LLAMA_CPP_PYTHON" < scripts/llama-cpu-variants.patch
+            for p in scripts/llama-*.patch; do
+                patch -s -p1 -d "$src/llama_cpp_python-$LLAMA_CPP_PYTHON" < "$p"
+            done
             CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
             CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
 -DGGML_CPU_VARIANTS=$LLAMA_CPU_VARIANTS -DCMAKE_INSTALL_BINDIR=llama_cpp/lib" \
@@ -54,6 +60,7 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -z "${CMAKE_ARGS:-}" ]; the
         fi
         .venv/bin/pip uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
         .venv/bin/pip install -q --disable-pip-version-check "$wheels"/llama_cpp_python-*.whl
+        echo "$build" > "$lib_dir/laya-build"
     fi
 fi
 echo "setup: installing laya with its extras (llama-cpp-python compiles llama.cpp on first install: minutes)"

@@ -19,9 +19,11 @@ executable and in the working directory).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,43 @@ def load_backends(llama_cpp) -> str | None:
     return loaded_cpu_module()
 
 
+def extra_buffers_allowed() -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (AMX, repacked layouts).
+
+    Not on a processor with AMX unless LAYA_LLAMA_AMX=1: ggml's AMX matmuls (used for quantised weights
+    in its AMX buffers) died with an illegal instruction on an AMX Xeon here (`tileloadd` with no tile
+    configuration loaded), in the decide engine (SmolLM2's Q4_1) and in the encoder (Q8_0), while AMX
+    itself worked in a test program. Without the extra buffers such a machine runs the AVX-512 kernels,
+    as every processor without AMX does."""
+    if os.environ.get("LAYA_LLAMA_AMX") == "1":
+        return True
+    from laya.hardware import cpu
+
+    return not ({"amx_int8", "amx_tile", "amx_bf16"} & cpu().flags)
+
+
+@contextlib.contextmanager
+def model_params_for_this_cpu(llama_cpp) -> Iterator[None]:
+    """llama-cpp-python's `Llama` takes no `use_extra_bufts`: while it loads a model, its default model
+    parameters say what `extra_buffers_allowed` says."""
+    module = llama_cpp.llama_cpp
+    original = module.llama_model_default_params
+    if extra_buffers_allowed():
+        yield
+        return
+
+    def defaults():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = defaults
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = original
+
+
 def loaded_cpu_module() -> str | None:
     """The `libggml-cpu-<variant>` module mapped into this process (Linux), or `None`."""
     try:
@@ -101,8 +140,9 @@ class LlamaBackend:
         # llama-cpp-python's default is half the cores; a decision is one prefill, so use them all
         n_threads = n_threads or os.cpu_count() or 1
         try:
-            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                       logits_all=False, verbose=False)
+            with model_params_for_this_cpu(llama_cpp):
+                self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                           logits_all=False, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: llama.cpp cannot load this GGUF ({exc})") from exc
         self.path = path
