@@ -185,6 +185,8 @@ def pick_candidates(force: bool = False, machine: Cpu | None = None) -> list[str
             out.append("torch:bf16")
     if "onnx" in have:
         out += ["onnx", "onnx:int8"]
+    if "llama" in have:
+        out += ["llama:f32", "llama:f16", "llama:q8_0"]
     if "mlx" in have and machine.apple_silicon:
         out += ["mlx:fp16"]
     return out

@@ -1,4 +1,4 @@
-"""Runtime bundles (ONNX, MLX, Core ML) and their one manifest format.
+"""Runtime bundles (ONNX, MLX, Core ML, llama.cpp GGUF) and their one manifest format.
 
 A bundle folder holds the runtime's graph or weights, a copy of the checkpoint's configs and
 tokenizer (so the same rows and decoding apply), and `manifest.json`: format version, source
@@ -29,15 +29,17 @@ def is_bundle(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
 
 
-def bundle_to_run(checkpoint: Checkpoint, bundle: str | os.PathLike | None, runtime: str) -> Path:
+def bundle_to_run(checkpoint: Checkpoint, bundle: str | os.PathLike | None, runtime: str,
+                  export: str | None = None) -> Path:
     """The bundle a runtime runs: the checkpoint itself when it is one, else `bundle` (what loading
-    exported on first use). A runtime never exports: it says how to get one."""
+    exported on first use). A runtime never exports: it says how to get one (`laya export <export>`,
+    the runtime's name unless given)."""
     if is_bundle(checkpoint.path):
         return checkpoint.path
     if bundle is None:
         raise CheckpointError(f"{checkpoint.path}: the {runtime} runtime runs an exported bundle; load the checkpoint "
                               f"with laya.load(..., runtime={runtime!r}) (which exports one on first use) or run "
-                              f"`laya export {runtime}`")
+                              f"`laya export {export or runtime}`")
     return Path(bundle)
 
 

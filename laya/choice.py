@@ -202,20 +202,27 @@ def measuring(option: bool | None = None) -> bool:
     return os.environ.get(MEASURE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _onnx_cached(checkpoint: Checkpoint, precision: str, cache_dir: str | os.PathLike | None = None) -> bool:
-    """A complete ONNX bundle of this checkpoint at `precision` is in the export cache."""
-    from laya.bundle import MANIFEST, cache_folder
-    from laya.export.onnx import bundle_key
+def _cached(checkpoint: Checkpoint, runtime: str, precision: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    """A complete bundle of this checkpoint for `runtime` at `precision` is in the export cache."""
+    import importlib
 
-    folder = cache_folder("onnx", bundle_key(checkpoint, precision), Path(cache_dir) if cache_dir else None)
+    from laya.bundle import MANIFEST, cache_folder
+    from laya.encoder.loading import EXPORTED_ON_FIRST_USE
+
+    bundle_key = importlib.import_module(EXPORTED_ON_FIRST_USE[runtime]).bundle_key
+    folder = cache_folder(runtime, bundle_key(checkpoint, precision), Path(cache_dir) if cache_dir else None)
     return (folder / MANIFEST).is_file()
+
+
+# candidates auto times only once exported: their export runs an accuracy gate (minutes on a full shape)
+GATED_AT_EXPORT = {("onnx", "int8"), ("llama", "f16"), ("llama", "q8_0")}
 
 
 def _onnx_exportable(checkpoint: Checkpoint) -> bool:
     """ONNX Runtime can run this checkpoint: a bundle is cached already, or the exporter is installed."""
     if not _installed("onnxruntime"):
         return False
-    return all(_installed(m) for m in ("torch", "onnx", "onnxscript")) or _onnx_cached(checkpoint, "fp32")
+    return all(_installed(m) for m in ("torch", "onnx", "onnxscript")) or _cached(checkpoint, "onnx", "fp32")
 
 
 def candidates(checkpoint: Checkpoint, machine: Cpu | None = None) -> list[Candidate]:
@@ -272,7 +279,7 @@ def measured_candidates(machine: Cpu) -> list[Candidate]:
         out.append(Candidate(ROUTED, {}, ROUTED_WHY))
     for spec in pick_candidates(machine=machine):
         name, _, precision = spec.partition(":")
-        out.append(Candidate(name, {"precision": precision or "fp32"}, ""))
+        out.append(Candidate(name, {"precision": precision or ("f32" if name == "llama" else "fp32")}, ""))
     out.sort(key=lambda c: c.label != REFERENCE)
     return out
 
@@ -345,8 +352,9 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
     built: dict[str, tuple[Candidate, Model]] = {}
     not_timed: dict[str, str] = {}
     for candidate in measured_candidates(machine):
-        if candidate.runtime == "onnx" and candidate.options.get("precision") == "int8" \
-                and not _onnx_cached(checkpoint, "int8", options.get("cache_dir")):
+        precision = candidate.options.get("precision")
+        if (candidate.runtime, precision) in GATED_AT_EXPORT \
+                and not _cached(checkpoint, candidate.runtime, precision, options.get("cache_dir")):
             not_timed[candidate.label] = ("not exported yet: its export and accuracy gate take minutes on a full-size "
                                           "checkpoint; `laya bench --pick` exports, gates and times it)")
             log.info("auto: not timing %s: %s", candidate.label, not_timed[candidate.label])

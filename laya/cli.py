@@ -269,6 +269,27 @@ def cmd_export(args: argparse.Namespace) -> int:
                   f"batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} rows", file=sys.stderr)
         print(out)
         return 0
+    if args.format == "gguf":
+        from laya.export.gguf import export_bundle as export_gguf
+
+        if args.int8 or args.precision or args.ane:
+            raise UsageError("--int8, --precision and --ane are for other bundles; a GGUF bundle takes --type "
+                             "f32, f16 or q8_0")
+
+        def tell(message: str) -> None:
+            print(f"export: {message}", file=sys.stderr, flush=True)
+
+        manifest = export_gguf(checkpoint, out, args.type or "f32", progress=tell)
+        gate = manifest.get("gate")
+        if gate:
+            verdict = "PASSED" if gate["passed"] else "FAILED (the runtime refuses this bundle unless forced)"
+            print(f"{manifest['precision']} gate {verdict}: max |dp| {gate['max_dp']}, argmax agreement "
+                  f"{gate['argmax_agreement']}, batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} "
+                  f"rows (against {gate['reference']})", file=sys.stderr)
+        print(out)
+        return 0
+    if args.type:
+        raise UsageError("--type is for GGUF bundles (laya export gguf)")
     if args.format == "mlx":
         from laya.export.mlx import export_bundle as export_mlx
 
@@ -371,7 +392,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options = {"threads": args.threads} if args.threads and name not in ("mlx", "auto") else {}
         if precision:
             options["precision"] = precision
-        if args.force and name in ("onnx", "torch"):
+        if args.force and name in ("onnx", "torch", "llama"):
             options["force"] = True
         source = args.model
         if name == "onnx" and args.onnx_bundle and precision in ("", "fp32") and args.onnx_bundle.get("fp32"):
@@ -525,7 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     exp = sub.add_parser("export", help="export a checkpoint to a runtime bundle")
-    exp.add_argument("format", choices=["onnx", "mlx", "coreml"], help="bundle format")
+    exp.add_argument("format", choices=["onnx", "mlx", "coreml", "gguf"],
+                     help="bundle format (gguf: the encoder for llama.cpp, run by -r llama)")
     exp.add_argument("model", help="checkpoint folder, registered name or Hub id")
     exp.add_argument("out", help="output folder")
     exp.add_argument("--int8", action="store_true",
@@ -534,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mlx: weight dtype; coreml: compute precision of the general program (default fp16)")
     exp.add_argument("--ane", action="store_true",
                      help="coreml: also the fixed-shape Neural Engine programs (buckets 64, 96, 128; 256 multilingual)")
+    exp.add_argument("--type", choices=["f32", "f16", "q8_0"],
+                     help="gguf: weight type (default f32; q8_0: the feed-forward matrices of the later half of the "
+                          "layers in Q8_0, the rest f16), gated against fp32 unless f32")
     exp.add_argument("--revision")
     exp.add_argument("--subfolder")
     exp.add_argument("--sha256")

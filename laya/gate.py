@@ -1,4 +1,4 @@
-"""Accuracy gates of reduced-precision runtimes (ONNX int8, torch bf16), one measurement for all.
+"""Accuracy gates of reduced-precision runtimes (ONNX int8, torch bf16, llama f16 and q8_0), one measurement for all.
 
 A reduced precision is only offered when its answers stay near fp32 on this checkpoint: the gate
 runs fixed, varied decision rows through the fp32 reference and the candidate, the way the runtime
@@ -36,7 +36,9 @@ class Bounds:
     batch_dependence_max_dp: float  # largest change between a row alone and inside a full batch
 
 
-BOUNDS = {"int8": Bounds(0.05, 0.95, 0.01), "bf16": Bounds(0.02, 0.98, 0.01)}
+# llama.cpp's types: f16 (fp16 activations) is held to bf16's bound, q8_0 (int8 blocks) to int8's
+BOUNDS = {"int8": Bounds(0.05, 0.95, 0.01), "bf16": Bounds(0.02, 0.98, 0.01),
+          "f16": Bounds(0.02, 0.98, 0.01), "q8_0": Bounds(0.05, 0.95, 0.01)}
 
 
 class GateFailed(RuntimeUnavailable):

@@ -22,7 +22,9 @@ AUTO = "auto"
 # Each precision's bound in probability against the fp32 reference, on any input: fp32 1e-4 (and no
 # argmax flip at all); bf16 its gate's bound (laya/gate.py); fp16 the same 0.02; int8 0.1, twice its
 # gate's 0.05 on the gate's fixed rows (README, ONNX).
-PRECISION_BOUNDS = {"fp32": 1e-4, "bf16": BOUNDS["bf16"].max_dp, "fp16": 0.02, "int8": 0.1}
+PRECISION_BOUNDS = {"fp32": 1e-4, "bf16": BOUNDS["bf16"].max_dp, "fp16": 0.02, "int8": 0.1,
+                    # llama.cpp's GGUF types: f32 is fp32; f16 as fp16; q8_0 (int8 blocks) as int8
+                    "f32": 1e-4, "f16": BOUNDS["f16"].max_dp, "q8_0": 0.1}
 
 
 def bound_of(precision: str) -> float:
@@ -65,6 +67,13 @@ TARGETS = [
     # tests otherwise run auto's fixed rule, see conftest.auto_by_rule), held to the bound of the runtime
     # and precision it picked (`as_ran`). NaN until then: an unresolved use fails.
     ParityTarget(AUTO, {"measure": True}, max_dp=float("nan"), label=AUTO),
+    # llama.cpp (a GGUF encoder, the head in numpy): f32 exact (with scripts/llama-modern-bert.patch's exact
+    # GELU, which the runtime checks at load); f16 and q8_0 gated at export like int8, held to their bounds
+    ParityTarget("llama", {"precision": "f32"}, label="llama-f32"),
+    ParityTarget("llama", {"precision": "f16", "force": True}, max_dp=PRECISION_BOUNDS["f16"], label="llama-f16",
+                 gated=True),
+    ParityTarget("llama", {"precision": "q8_0", "force": True}, max_dp=PRECISION_BOUNDS["q8_0"], label="llama-q8_0",
+                 gated=True),
     ParityTarget("mlx", {"precision": "fp32"}, label="mlx-fp32"),
     ParityTarget("mlx", {"precision": "fp16"}, max_dp=PRECISION_BOUNDS["fp16"], label="mlx-fp16"),
     # Core ML, verified without a Mac: (a) the fp32 torch graphs the programs are converted from (general

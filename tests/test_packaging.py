@@ -82,6 +82,20 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _setup_llama_wheel() -> list[list[str]]:
+    """The llama-cpp-python wheel scripts/setup.sh built and installed in the project's venv (its CPU
+    variants and scripts/llama-modern-bert.patch), installed first as setup installs it; none elsewhere."""
+    import sysconfig
+
+    marker = Path(sysconfig.get_paths()["platlib"]) / "llama_cpp" / "lib" / "laya-build"
+    if not marker.is_file():
+        return []
+    cache = Path(os.environ.get("LAYA_WHEELS") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "laya" / "wheels")
+    found = sorted((cache / f"llama-cpp-python-{marker.read_text().strip()}").glob("llama_cpp_python-*.whl"))
+    return [[str(found[0])]] if found else []
+
+
 @pytest.fixture(scope="session")
 def fresh_env(dists, tmp_path_factory) -> Path:
     """A virtual environment made by the interpreter the project's venv came from, with the wheel and
@@ -90,7 +104,7 @@ def fresh_env(dists, tmp_path_factory) -> Path:
     base = getattr(sys, "_base_executable", None) or shutil.which("python3")
     subprocess.run([base, "-m", "venv", str(venv)], check=True, env=_env())
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    for args in (["torch==2.13.0"], [f"{dists['wheel']}[{EXTRAS}]"]):
+    for args in (["torch==2.13.0"], *_setup_llama_wheel(), [f"{dists['wheel']}[{EXTRAS}]"]):
         done = subprocess.run(pip + args, capture_output=True, text=True, timeout=1800, env=_env(),
                               cwd=venv.parent)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -140,6 +154,10 @@ def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
     assert exported.returncode == 0, exported.stderr
     dp = max_dp(predicted("ck-onnx"), reference)  # an fp32 bundle runs on ONNX Runtime fp32
     assert dp <= bound_of("fp32"), f"onnx fp32 bundle: max |dp| {dp:.2e} > {bound_of('fp32'):g}"
+    exported = run(venv, "laya", "export", "gguf", "ck", "ck-gguf", "--type", "f32", cwd=work, timeout=600)
+    assert exported.returncode == 0, exported.stderr
+    dp = max_dp(predicted("ck-gguf"), reference)  # a GGUF bundle runs on llama.cpp, the head in numpy
+    assert dp <= bound_of("f32"), f"llama f32 bundle: max |dp| {dp:.2e} > {bound_of('f32'):g}"
 
 
 @pytest.mark.slow

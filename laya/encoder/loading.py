@@ -20,7 +20,7 @@ from laya.errors import CheckpointError
 from laya.models.registry import lookup
 
 # runtime -> the exporter that builds the bundle it runs, when it is given a checkpoint
-EXPORTED_ON_FIRST_USE = {"onnx": "laya.export.onnx", "coreml": "laya.export.coreml"}
+EXPORTED_ON_FIRST_USE = {"onnx": "laya.export.onnx", "coreml": "laya.export.coreml", "llama": "laya.export.gguf"}
 
 
 def resolve(

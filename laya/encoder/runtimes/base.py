@@ -35,6 +35,7 @@ RUNTIMES: dict[str, tuple[str, str, str]] = {
     "onnx": ("laya.encoder.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
     "mlx": ("laya.encoder.runtimes.mlx", "MlxRuntime", "mlx"),
     "coreml": ("laya.encoder.runtimes.coreml", "CoremlRuntime", "coremltools"),
+    "llama": ("laya.encoder.runtimes.llama", "LlamaRuntime", "llama_cpp"),
 }
 
 
