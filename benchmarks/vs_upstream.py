@@ -1,6 +1,6 @@
 """laya against upstream laya 0.4.15 (fp32, torch, the same CPUs), in one interleaved run.
 
-    .venv/bin/python benchmarks/vs_upstream.py [--shape base|small] [-r auto -r torch ...] [--repeats 7]
+    .venv/bin/python benchmarks/vs_upstream.py [--shape base|small] [-r auto -r torch ...] [--repeats 7] [--memory]
 
 The checkpoint is generated in the exact published format (random weights, so only speed means
 anything): by default the full mmBERT-base shape (22 layers, d 768, 12 heads, GeGLU 1152, a 256k
@@ -45,6 +45,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--upstream-venv", type=Path, default=ROOT / ".venv-upstream")
+    parser.add_argument("--memory", action="store_true",
+                        help="also each runtime's peak memory: loading it and answering every scenario once, in "
+                             "a process of its own (after the timing, its bundles cached)")
+    parser.add_argument("--weights", choices=["default", "conditioned"], default="default",
+                        help="conditioned: attention logits of spread 1 (the generator's default Wqkv makes the "
+                             "base shape's attention one-hot); speed does not depend on it")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
@@ -60,7 +66,8 @@ def main() -> None:
     runtimes = args.runtime or ["auto"]
     python = ensure_upstream(args.upstream_venv)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape]))
+        extra = {"attention_logit_std": 1.0, "scorer_gain": 1.0} if args.weights == "conditioned" else {}
+        folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape], **extra))
         copy = Path(tmp) / "upstream-copy"  # upstream rewrites tokenizer_config.json in place
         shutil.copytree(folder, copy)
         worker = subprocess.Popen([str(python), str(HERE / "upstream_worker.py"), str(copy), str(args.threads)],
@@ -98,8 +105,10 @@ def main() -> None:
                         times[spec].append((time.perf_counter() - started) * 1000)
             rows.append((sc.name, tokens, times))
             print(f"  {sc.name}: done", flush=True)
+        upstream_peak = _peak_mb(worker.pid)
         worker.stdin.close()
         worker.wait(timeout=30)
+        peaks = {spec: _peak_in_own_process(folder, spec, args.threads, plan) for spec in models} if args.memory else {}
 
     machine = cpu()
     print(f"\nprocessor: {machine.describe()}; {args.threads} threads; shape {args.shape}; "
@@ -113,6 +122,32 @@ def main() -> None:
             med = statistics.median(times[n])
             cells.append(f"{med:8.1f} ms ({base / med:4.2f}x)")
         print(f"{name:34s} {tokens:6d} " + " ".join(f"{c:>24s}" for c in cells))
+    if peaks:
+        print(f"{'peak memory (RSS)':34s} {'':6s} " + " ".join(
+            f"{(upstream_peak if n == 'upstream' else peaks[n]):>21.0f} MB" for n in names))
+
+
+def _peak_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_in_own_process(folder: Path, spec: str, threads: int, plan) -> float:
+    """Peak RSS of a fresh process that loads `spec` and answers each scenario once."""
+    name, _, precision = spec.partition(":")
+    requests = [(sc.state, sc.questions) for sc in plan]
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child reports its parent's peak
+    code = ("import json, sys, warnings; warnings.simplefilter('ignore'); import laya\n"
+            f"m = laya.load({str(folder)!r}, runtime={name!r}, threads={threads}"
+            + (f", precision={precision!r}" if precision else "") + ")\n"
+            f"for state, questions in json.loads({json.dumps(requests)!r}): m.predict(state, questions)\n"
+            "print(next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:'))"
+            " / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else float("nan")
 
 
 if __name__ == "__main__":
