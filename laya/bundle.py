@@ -43,6 +43,29 @@ def bundle_to_run(checkpoint: Checkpoint, bundle: str | os.PathLike | None, runt
     return Path(bundle)
 
 
+def open_bundle(checkpoint: Checkpoint, bundle: str | os.PathLike | None, kind: str, exact: str, *,
+                force: bool = False, export: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """The folder and manifest of the `kind` bundle a runtime runs (see `bundle_to_run`), checked: its
+    kind, that it was exported from `checkpoint` (when the checkpoint's weights are at hand), and, for a
+    precision other than `exact`, that its accuracy gate passed at export unless `force`."""
+    from laya.gate import GateFailed, describe
+
+    folder = bundle_to_run(checkpoint, bundle, kind, export=export)
+    manifest = read_manifest(folder)
+    if manifest.get("kind") != kind:
+        raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not a {kind} one")
+    if checkpoint.weights and manifest.get("fingerprint") != checkpoint.fingerprint:
+        raise CheckpointError(f"{folder}: exported from another checkpoint than {checkpoint.path} "
+                              "(weights, configs or tokenizer differ)")
+    gate = manifest.get("gate")
+    if manifest["precision"] != exact and not (gate and gate.get("passed")) and not force:
+        raise GateFailed(
+            f"{folder}: this {manifest['precision']} bundle failed its accuracy gate at export ("
+            f"{describe(gate) if gate else 'no gate recorded'}); its answers drift from fp32 beyond the "
+            f"documented bound. Use the {exact} bundle, or pass force=True to accept it", gate or {})
+    return folder, manifest
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     try:

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from laya.bundle import bundle_to_run, read_manifest
+from laya.bundle import open_bundle
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError, RuntimeUnavailable
-from laya.gate import GateFailed, describe
+from laya.gate import GateFailed
 from laya.heads.numpy_head import NumpyHead
 
 PRECISIONS = ("f32", "f16", "q8_0")
@@ -250,19 +250,7 @@ class LlamaRuntime:
                  force: bool = False, bundle: str | Path | None = None):
         if precision not in PRECISIONS:
             raise CheckpointError(f"llama precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        folder = bundle_to_run(checkpoint, bundle, "llama", export="gguf")
-        manifest = read_manifest(folder)
-        if manifest.get("kind") != "llama":
-            raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not a llama one")
-        if checkpoint.weights and manifest.get("fingerprint") != checkpoint.fingerprint:
-            raise CheckpointError(f"{folder}: exported from another checkpoint than {checkpoint.path} "
-                                  "(weights, configs or tokenizer differ)")
-        gate = manifest.get("gate")
-        if manifest["precision"] != "f32" and not (gate and gate.get("passed")) and not force:
-            raise GateFailed(
-                f"{folder}: this {manifest['precision']} bundle failed its accuracy gate at export ("
-                f"{describe(gate) if gate else 'no gate recorded'}); its answers drift from fp32 beyond the "
-                "documented bound. Use an f32 bundle, or pass force=True to accept it", gate or {})
+        folder, manifest = open_bundle(checkpoint, bundle, "llama", "f32", force=force, export="gguf")
         self._open(folder, manifest, threads)
         if self.precision == "f32":
             error = llama_gelu_error()

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from laya.bundle import bundle_to_run, read_manifest
+from laya.bundle import open_bundle
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
-from laya.gate import GateFailed, describe
 from laya.heads.layout import MASKED_LOGIT
 
 INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
@@ -58,20 +57,8 @@ class OnnxRuntime:
     def __init__(self, checkpoint: Checkpoint, precision: str = "fp32", threads: int | None = None,
                  force: bool = False, bundle: str | Path | None = None):
         check_precision(precision)
-        folder = bundle_to_run(checkpoint, bundle, "onnx")
-        manifest = read_manifest(folder)
-        if manifest.get("kind") != "onnx":
-            raise CheckpointError(f"{folder}: a {manifest.get('kind')!r} bundle, not an ONNX one")
-        if checkpoint.weights and manifest.get("fingerprint") != checkpoint.fingerprint:
-            raise CheckpointError(f"{folder}: exported from another checkpoint than {checkpoint.path} "
-                                  "(weights, configs or tokenizer differ)")
-        gate = manifest.get("gate")
-        if manifest["precision"] == "int8" and not (gate and gate.get("passed")) and not force:
-            raise GateFailed(
-                f"{folder}: this int8 bundle failed its accuracy gate at export ("
-                f"{describe(gate) if gate else 'no gate recorded'}); its answers drift from fp32 beyond the "
-                "documented bound. Use the fp32 bundle, or pass force=True to accept it", gate or {})
-        self.gate = gate
+        folder, manifest = open_bundle(checkpoint, bundle, "onnx", "fp32", force=force)
+        self.gate = manifest.get("gate")
         self.session = _session(folder / manifest["graph"], threads)
         self.precision = manifest["precision"]
         self.manifest = manifest
