@@ -78,6 +78,13 @@ def load(
 
         fitted = load_calibration(calibration)
         fitted.check_model(checkpoint.fingerprint, os.fspath(model))  # before the runtime is built
+        if fitted.identity is not None:  # an upstream file: a checkpoint it does not name warns, as upstream
+            import json
+
+            from laya.calibration.upstream import check_identity
+
+            config = json.loads((checkpoint.path / "rl_agent_config.json").read_text(encoding="utf-8"))
+            check_identity(fitted.identity, os.fspath(model), subfolder, config)
     choice = None
     if runtime in (None, "auto"):
         from laya.choice import choose

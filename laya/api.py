@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laya.encoder.tournament import group_problem
+from laya.encoder.windows import AGGREGATES, Overflow, Scan
 from laya.errors import QuestionError
 from laya.limits import LimitExceeded, Limits
 from laya.questions import Problem, Question, check_questions, state_problem
@@ -68,6 +69,7 @@ class SystemOneRequest:
     questions: list[Question]  # validated, in the caller's order: the engines take them as they are
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
     tournament: int | None = None  # encoder engine: answer choices of more options by elimination in groups
+    overflow: Overflow = None  # encoder engine: a state longer than the row truncated (which end) or scanned
 
 
 def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None) -> SystemOneRequest:
@@ -104,10 +106,50 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
     tournament = body.get("tournament")
     if (message := group_problem(tournament)) is not None:
         problems.append(Problem(("tournament",), message, "int_type"))
+    overflow = overflow_of(body.get("x_overflow"), problems) if "x_overflow" in body else None
     if problems:
         raise ApiError(422, render_problems(problems))
     return SystemOneRequest(model=model, state=state, questions=parsed, reuse_prefix=reuse is not False,
-                            tournament=tournament)
+                            tournament=tournament, overflow=overflow)
+
+
+OVERFLOW_MODES = ("truncate", "keep_start", "keep_end")
+SCAN_KEYS = ("window", "stride", "aggregate")
+
+
+def overflow_of(value: Any, problems: list[Problem]) -> Overflow:
+    """`x_overflow`: "truncate" (the default: a state's start kept, a conversation's end),
+    "keep_start", "keep_end", or `{"scan": {"window", "stride", "aggregate"}}` (all optional)."""
+    loc = ("x_overflow",)
+    if value is None or (isinstance(value, str) and value in OVERFLOW_MODES):
+        return None if value in (None, "truncate") else value
+    if not isinstance(value, dict) or set(value) != {"scan"}:
+        problems.append(Problem(loc, "x_overflow must be 'truncate', 'keep_start', 'keep_end' or "
+                                     "{\"scan\": {\"window\": ..., \"stride\": ..., \"aggregate\": \"auto\"}}",
+                                "overflow_type"))
+        return None
+    scan = value["scan"]
+    if not isinstance(scan, dict):
+        problems.append(Problem((*loc, "scan"), "Input should be a valid dictionary", "dict_type"))
+        return None
+    before = len(problems)
+    for key in scan:
+        if key not in SCAN_KEYS:
+            problems.append(Problem((*loc, "scan", str(key)), "Extra inputs are not permitted; a scan takes "
+                                                                "window, stride and aggregate", "extra_forbidden"))
+    for key in ("window", "stride"):
+        got = scan.get(key)
+        if got is not None and (not isinstance(got, int) or isinstance(got, bool) or got < 0 or got > MAX_TOKENS_ONE):
+            problems.append(Problem((*loc, "scan", key), f"{key} must be a whole number of tokens from 0 (the "
+                                                         f"default) to {MAX_TOKENS_ONE}", "int_type"))
+    aggregate = scan.get("aggregate", "auto")
+    if aggregate not in AGGREGATES:
+        problems.append(Problem((*loc, "scan", "aggregate"), "aggregate must be 'auto' (a yes/no from its "
+                                                             "strongest window, a choice or score from its most "
+                                                             "confident one)", "literal_error"))
+    if len(problems) > before:
+        return None
+    return Scan(window=scan.get("window"), stride=scan.get("stride"), aggregate=aggregate)
 
 
 def check_size(body: dict, batch: bool, limits: Limits) -> None:

@@ -74,8 +74,33 @@ def cmd_predict(args: argparse.Namespace) -> int:
     questions = _json_arg(args.questions, "--questions")
     state = _state_arg(args.state, args.state_json)
     model = _load(args)
-    response = model.predict(state, questions, **({"tournament": args.tournament} if args.tournament else {}))
+    overflow = _overflow(args)
+    response = model.predict(state, questions, tournament=args.tournament, min_confidence=args.min_confidence,
+                             overflow=overflow)
     print(json.dumps(response, ensure_ascii=False, indent=2 if args.pretty else None))
+    return 0
+
+
+def _overflow(args: argparse.Namespace):
+    """`--overflow` (and a scan's `--window` / `--stride`) as `Model.prepare` takes it."""
+    if args.overflow == "scan":
+        from laya.encoder.windows import Scan
+
+        return Scan(args.window, args.stride)
+    if args.window is not None or args.stride is not None:
+        raise UsageError("--window and --stride size a scan; add --overflow scan")
+    return args.overflow
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    value = args.schema
+    if not value.startswith("@") and not value.lstrip().startswith("{") and Path(value).expanduser().is_file():
+        value = "@" + value
+    schema = _json_arg(value, "--schema")
+    state = _state_arg(args.state, args.state_json)
+    model = _load(args)
+    out = model.decide(state, schema, return_details=args.details, min_confidence=args.min_confidence)
+    print(json.dumps(out.to_json() if args.details else out, ensure_ascii=False, indent=2 if args.pretty else None))
     return 0
 
 
@@ -335,6 +360,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from laya.calibration.run import calibrate, text_summary
 
     records = read_records(args.data)  # every line checked before the model loads
+    if args.binning and args.format != "upstream":
+        raise UsageError("--binning writes upstream's binning_map; add --format upstream")
+    if is_gguf(args.model) and args.format == "upstream":
+        raise UsageError("--format upstream is upstream laya's file for laya checkpoints; a GGUF is calibrated in "
+                         "laya's own format")
     if is_gguf(args.model):
         from laya.decide.llama import open_gguf
 
@@ -359,10 +389,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         outcome = calibrate(model, records, fingerprint=fingerprint, holdout=args.holdout, seed=args.seed,
                             buckets=buckets, min_bucket=args.min_bucket, target_precision=args.target_precision,
-                            bins=args.bins, progress=progress, data_name=Path(args.data).name)
+                            bins=args.bins, progress=progress, data_name=Path(args.data).name,
+                            binning_min_bucket=args.binning_min_bucket if args.binning else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    outcome.calibration.save(args.out)
+    if args.format == "upstream":
+        from laya.calibration import upstream
+
+        config = json.loads((model.checkpoint.path / "rl_agent_config.json").read_text(encoding="utf-8"))
+        upstream.save(args.out, upstream.payload(outcome.temperatures, model_id_or_path=args.model,
+                                                 subfolder=args.subfolder, config=config, binning=outcome.binning))
+    else:
+        outcome.calibration.save(args.out)
     summary = text_summary(outcome.report)
     if args.report_dir:
         from laya.calibration.plots import coverage_plot, reliability_diagram
@@ -466,7 +504,27 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--tournament", type=int, metavar="G",
                          help="answer every choice of more than G options by elimination in groups of G (choices "
                               "too large for the model's row always are, in groups of 16)")
+    predict.add_argument("--min-confidence", type=float, metavar="P",
+                         help="mark answers whose top probability is below P (x_low_confidence, x_abstention)")
+    predict.add_argument("--overflow", choices=["truncate", "keep_start", "keep_end", "scan"],
+                         help="a state longer than the model's row: truncate (the default: its start kept, a "
+                              "conversation's end), keep_start, keep_end, or scan it in overlapping windows")
+    predict.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
+    predict.add_argument("--stride", type=int, metavar="N", help="with --overflow scan: tokens between windows")
     predict.set_defaults(func=cmd_predict)
+
+    decide = sub.add_parser("decide", help="decide the values of a JSON schema from a state and print them")
+    _model_args(decide)
+    decide.add_argument("--schema", required=True,
+                        help="a JSON schema (enums, booleans, bounded integers): a file, @file or inline JSON")
+    decide.add_argument("--state", "-s", required=True, help="state text, or @file (@- for stdin)")
+    decide.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
+    decide.add_argument("--min-confidence", type=float, metavar="P",
+                        help="a field whose answer's top probability is below P comes back as null")
+    decide.add_argument("--details", action="store_true",
+                        help="print the values with each field's probabilities, confidence and raw answer")
+    decide.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    decide.set_defaults(func=cmd_decide)
 
     info = sub.add_parser("info", help="print the encoder, parameter count, budgets and temperatures")
     _model_args(info)
@@ -608,6 +666,14 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--bins", type=int, default=10, help="equal-mass bins of the ECE and the reliability diagram")
     cal.add_argument("--buckets", choices=["auto", "on", "off"], default="auto",
                      help="fit per option-count bucket too (auto: checkpoints yes, GGUF models per type only)")
+    cal.add_argument("--format", choices=["laya", "upstream"], default="laya",
+                     help="the file to write: laya's (temperatures, abstention, the model's fingerprint) or upstream "
+                          "laya's (version 2: the whole temperature state, the checkpoint it names, an optional "
+                          "binning map), which upstream's Agent(calibration=...) and laya.load(calibration=) read")
+    cal.add_argument("--binning", action="store_true",
+                     help="with --format upstream: also fit upstream's histogram binning of the top probability")
+    cal.add_argument("--binning-min-bucket", type=int, default=200,
+                     help="answers a bucket needs for a binning map (upstream's default 200)")
     cal.add_argument("--runtime", "-r", help="runtime of a laya checkpoint")
     cal.add_argument("--threads", type=int)
     cal.add_argument("--n-ctx", type=int, default=4096, help="context of a GGUF model")
@@ -668,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `laya info M` reads naturally; accept the model as a positional argument too.
-    if len(argv) >= 2 and argv[0] in ("info", "predict") and not argv[1].startswith("-"):
+    if len(argv) >= 2 and argv[0] in ("info", "predict", "decide") and not argv[1].startswith("-"):
         argv = [argv[0], "--model", *argv[1:]]
     args = parser.parse_args(argv)
     if args.command == "bench":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from laya.api import MAX_TOKENS_ONE
 from laya.encoder.tournament import MAX_GROUP, MIN_GROUP
 from laya.limits import Limits
 from laya.questions import MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS
@@ -66,5 +67,43 @@ def request_schema(limits: Limits | None = None, *, batch: bool = False) -> dict
                                      {"type": "null"}],
                            "description": "encoder engine: answer every choice of more options by elimination "
                                           "in groups of this size"},
+            "x_overflow": {"anyOf": [
+                {"enum": ["truncate", "keep_start", "keep_end"]},
+                {"type": "object", "required": ["scan"], "additionalProperties": False, "properties": {
+                    "scan": {"type": "object", "additionalProperties": False, "properties": {
+                        "window": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOKENS_ONE},
+                        "stride": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOKENS_ONE},
+                        "aggregate": {"const": "auto"}}}}},
+                {"type": "null"}],
+                "description": "encoder engine: a state longer than the row is truncated (the default: its start "
+                               "kept, a conversation's end), keeps its start or its end, or is scanned in "
+                               "overlapping windows (0 or none: the model's defaults), each answer from its "
+                               "deciding window (x_window)"},
+        },
+    }
+
+
+def chat_schema() -> dict[str, Any]:
+    """`/v1/chat/completions` as this server accepts it: a conversation and a json_schema format."""
+    content = {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
+    return {
+        "type": "object", "title": "ChatCompletionRequest", "required": ["messages", "response_format"],
+        "properties": {
+            "model": {"type": ["string", "null"]},
+            "messages": {"type": "array", "minItems": 1, "maxItems": 1024, "items": {
+                "type": "object", "required": ["role"], "properties": {
+                    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]}, "content": content}}},
+            "response_format": {"type": "object", "required": ["type", "json_schema"], "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {"type": "object", "required": ["schema"], "properties": {
+                    "name": {"type": "string"}, "strict": {"type": ["boolean", "null"]},
+                    "schema": {"type": "object", "description": "an object whose properties are enums, "
+                                                                "booleans or integers with integer bounds"}}}}},
+            "n": {"const": 1}, "stream": {"enum": [False, None]},
+            "x_min_confidence": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "object"},
+                                           {"type": "null"}],
+                                 "description": "fields whose top probability is below this come back null"},
         },
     }

@@ -359,3 +359,17 @@ def test_past_max_levels_a_group_is_split_even_if_it_could_win():
     assert xp > y + lp((Y,), S)  # "xp*" could hold the best answer: only max_levels stops it
     np.testing.assert_allclose(tree.logp, [xp - np.log(2), xp - np.log(2), y + lp((Y,), R), y + lp((Y,), S)],
                                rtol=0, atol=1e-12)
+
+
+def test_the_decide_engine_refuses_an_overflow_policy_naming_why():
+    from laya.decide.engine import DecideEngine
+    from laya.encoder.windows import Scan
+    from laya.errors import QuestionError
+
+    engine = DecideEngine(DecideModel(ScriptedBackend(n_ctx=2000), "scripted"))
+    questions = {"u": {"type": "noul", "instructions": "Urgent?"}}
+    assert engine.prepare(["x"], questions, overflow=None)
+    for overflow in ("keep_end", Scan(64, 32)):
+        with pytest.raises(QuestionError, match="x_overflow is for encoder models") as caught:
+            engine.prepare(["x"], questions, overflow=overflow)
+        assert caught.value.error_type == "invalid_overflow"

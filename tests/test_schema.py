@@ -37,6 +37,9 @@ ACCEPTED = [
     {"state": ["turn one", "turn two"], "questions": {"a": NOUL, "b": NOUL, "c": NOUL, "d": NOUL}},
     body(model=None, reuse_prefix=False, tournament=2),
     body(model="jev-latest", reuse_prefix=None, tournament=255, x_unknown="ignored"),
+    body(x_overflow="truncate"), body(x_overflow="keep_start"), body(x_overflow="keep_end"), body(x_overflow=None),
+    body(x_overflow={"scan": {}}), body(x_overflow={"scan": {"window": 64, "stride": 0, "aggregate": "auto"}}),
+    body(x_overflow={"scan": {"window": None, "stride": 32}}),
 ]
 
 REFUSED = [
@@ -77,6 +80,11 @@ REFUSED = [
     body(tournament=256),
     body(tournament=True),
     body(tournament=2.5),
+    body(x_overflow="sideways"), body(x_overflow=["scan"]), body(x_overflow={"scan": 3}),
+    body(x_overflow={"scan": {"window": -1}}), body(x_overflow={"scan": {"window": True}}),
+    body(x_overflow={"scan": {"stride": 2.5}}), body(x_overflow={"scan": {"aggregate": "mean"}}),
+    body(x_overflow={"scan": {"windows": 3}}), body(x_overflow={"scan": {}, "more": 1}),
+    body(x_overflow={"scan": {"window": 40000}}),
 ]
 
 BATCH_ACCEPTED = [{"states": ["a", {"b": 1}, ["c"]], "questions": {"q": NOUL}}]

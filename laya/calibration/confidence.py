@@ -7,6 +7,7 @@ thresholds apply to.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from laya.heads.floats import floats, pairwise_sum
@@ -38,3 +39,14 @@ def score_confidence(p: Any) -> float:
     k = p.index(max(p))
     value = 1.0 - pairwise_sum([v * abs(i - k) for i, v in enumerate(p)]) / spread
     return min(1.0, max(0.0, value))
+
+
+def entropy_confidence(p: Any) -> float:
+    """1 - H(p) / log(k), clipped to [0, 1]: upstream laya's `confidence` of a choice or a score (how
+    concentrated the whole answer is), which its `DecisionResult` reports; 1 for fewer than 2 options."""
+    p = floats(p)
+    k = len(p)
+    if k < 2:
+        return 1.0
+    entropy = -pairwise_sum([v * math.log(min(1.0, max(1e-12, v))) for v in p])
+    return min(1.0, max(0.0, 1.0 - entropy / math.log(k)))

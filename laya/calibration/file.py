@@ -31,9 +31,16 @@ class Calibration:
     abstention: Abstention | None = None
     fitted: dict[str, Any] = field(default_factory=dict)  # data, split, seed, counts: for people
     path: str = ""
+    # an upstream file (laya.calibration.upstream): the whole temperature state, its binning map, and
+    # the checkpoint it names (version 2), checked with a warning rather than refused
+    whole: Temperatures | None = None
+    binning: dict[str, tuple[float, ...]] | None = None
+    identity: dict[str, Any] | None = None
 
     def over(self, base: Temperatures) -> Temperatures:
-        """`base` with this file's fitted types replaced."""
+        """`base` with this file's fitted types replaced (an upstream file replaces everything)."""
+        if self.whole is not None:
+            return self.whole
         per_type = tuple(self.temperature.get(q, base.per_type[i]) for i, q in enumerate(QTYPES))
         kept = {k: v for k, v in base.by_bucket.items() if k.split(":")[0] not in self.temperature}
         return Temperatures(per_type=per_type, by_bucket=kept | dict(self.temperature_by_options))  # type: ignore[arg-type]
@@ -64,8 +71,14 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         raise CheckpointError(f"{where}: cannot read the calibration file ({exc.strerror or exc})") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{where}: not a JSON calibration file ({exc})") from exc
+    from laya.calibration import upstream
+
+    if upstream.is_upstream(data):
+        whole, binning, identity = upstream.read(data, where)
+        return Calibration(model="", temperature={}, path=where, whole=whole, binning=binning, identity=identity)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: not a laya calibration file (no \"format\": \"{FORMAT}\")")
+        raise CheckpointError(f"{where}: not a laya calibration file (no \"format\": \"{FORMAT}\") nor an upstream "
+                              "laya one (a \"temperature\" list)")
     if data.get("version") != VERSION:
         raise CheckpointError(f"{where}: calibration version {data.get('version')!r} is not supported ({VERSION})")
 

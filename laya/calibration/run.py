@@ -32,6 +32,8 @@ class Outcome:
     # held-out answers before and after, for plots: (top probability, correct) arrays
     heldout_before: tuple[np.ndarray, np.ndarray]
     heldout_after: tuple[np.ndarray, np.ndarray]
+    binning: dict[str, dict[str, Any]] | None = None  # upstream's histogram binning, when asked for
+    temperatures: Temperatures | None = None  # the model's temperatures after calibration
 
 
 def collect(model: Any, records: Sequence[Record], progress: Callable[[int, int], None] | None = None
@@ -99,7 +101,10 @@ def top_and_correct(samples: Sequence[Labelled], temps: Temperatures) -> tuple[n
 def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdout: float = 0.3, seed: int = 0,
               buckets: bool = True, min_bucket: int = MIN_BUCKET_SAMPLES, target_precision: float | None = None,
               bins: int = DEFAULT_BINS, precision_levels: Sequence[float] = (0.9, 0.95),
-              progress: Callable[[int, int], None] | None = None, data_name: str = "") -> Outcome:
+              progress: Callable[[int, int], None] | None = None, data_name: str = "",
+              binning_min_bucket: int | None = None) -> Outcome:
+    """`binning_min_bucket` also fits upstream's histogram binning (on the training answers, over the
+    fitted temperatures) for every bucket with that many answers."""
     if target_precision is not None and not 0.0 < target_precision <= 1.0:
         raise ValueError(f"the target precision must be in (0, 1], got {target_precision}")
     train_idx, test_idx = split(len(records), holdout, seed)
@@ -155,7 +160,14 @@ def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdou
                               temperature_by_options=fitted.temperature_by_options, abstention=abstention,
                               fitted={"data": data_name, "split": report["split"], "counts": fit.counts,
                                       "min_bucket_samples": min_bucket})
-    return Outcome(calibration, report, (top_b, correct_b), (top_a, correct_a))
+    binning = None
+    if binning_min_bucket is not None:
+        from laya.calibration.upstream import fit_binning
+
+        binning = fit_binning(train, after, min_bucket=binning_min_bucket)
+        report["binning"] = {"buckets": sorted(binning), "min_bucket_answers": binning_min_bucket,
+                             "fitted_on": "training answers (after calibration)"}
+    return Outcome(calibration, report, (top_b, correct_b), (top_a, correct_a), binning, after)
 
 
 def text_summary(report: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from laya.decide.model import DecideModel, Planned
 from laya.engine import InProcessEngine
-from laya.errors import Cancelled
+from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, Questions
 from laya.response import SystemOneResponse
@@ -31,10 +31,15 @@ class DecideEngine(InProcessEngine):
     description: str = "chat model read by first-token scoring (llama.cpp)"
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None
-                ) -> DecideJob:
+                deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None,
+                overflow: Any = None) -> DecideJob:
         """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)
-        Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does."""
+        Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does.
+        A chat model reads the whole state or refuses it (413): it has no window to keep one end of."""
+        if overflow is not None:
+            raise QuestionError("x_overflow is for encoder models, whose row holds a bounded part of the state; "
+                                f"{self.name} reads the whole state (a 413 when its context cannot hold it)",
+                                error_type="invalid_overflow")
         states, parsed, planned = self.model.prepare(states, questions, limits=limits)
         return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
 

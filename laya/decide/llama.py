@@ -259,6 +259,9 @@ def open_gguf(source: str | os.PathLike, *, name: str | None = None, n_ctx: int 
         from laya.calibration.file import load_calibration
 
         fitted = load_calibration(calibration)
+        if fitted.whole is not None:
+            raise CheckpointError(f"{calibration}: an upstream laya calibration file is fitted on a laya checkpoint; "
+                                  "calibrate a GGUF with `laya calibrate` (its own format)")
     cache = PrefixCache(policy=prefix_cache)  # checks the policy name before the model loads
     backend = LlamaBackend(source, n_ctx=n_ctx, n_threads=threads)
     return DecideModel(backend, name or Path(source).stem.lower(), cache=cache, source=os.fspath(source),

@@ -7,6 +7,7 @@ from typing import Any
 
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
+from laya.encoder.windows import Overflow
 from laya.engine import InProcessEngine
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
@@ -22,11 +23,12 @@ class EncoderEngine(InProcessEngine):
     description: str = "laya decision model"
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, tournament: int | None = None, **options: Any) -> Prepared:
+                deadline: float | None = None, tournament: int | None = None, overflow: Overflow = None,
+                **options: Any) -> Prepared:
         """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
         A tournament's rows count against the limits: every group of every round and the final row.
         Past `deadline` (monotonic) the job stops between forward passes, as a cancelled one does."""
-        prepared = self.model.prepare(states, questions, tournament=tournament)
+        prepared = self.model.prepare(states, questions, tournament=tournament, overflow=overflow, limits=limits)
         prepared.cancelled = StopFlag(deadline)
         for rows, state in zip(prepared.rows, prepared.states):
             check_budgets(len(state.ids), [r.head_tokens for r in rows])

@@ -15,20 +15,44 @@ import numpy as np
 
 from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
-from laya.calibration.temperatures import Temperatures
+from laya.calibration.temperatures import Temperatures, bucket_key
+from laya.calibration.upstream import apply_binning
 from laya.choice import Choice
 from laya.encoder.batch import collate, padded_length
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
 from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem
+from laya.encoder.windows import OVERFLOWS, Overflow, Scan, Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.heads import decode
+from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, check_state, parse_questions
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
+from laya.structured import (
+    apply_gate,
+    certain_answer,
+    check_min_confidence,
+    details,
+    plan_schema,
+    project,
+    questions_of,
+)
+from laya.structured.gate import Threshold
 
 DEFAULT_MAX_BATCH_ROWS = 32
+
+
+def _read_whole(job: Prepared, responses: list[SystemOneResponse]) -> list[SystemOneResponse]:
+    """A scanned job's responses, one per state of the request (its windows' answers made one)."""
+    if job.windows is None or not responses:  # not scanned, or cancelled (no answers)
+        return responses
+    out, at = [], 0
+    for read in job.windows:
+        out.append(aggregate(read, responses[at : at + read.count]))
+        at += read.count
+    return out
 
 
 @dataclass
@@ -43,6 +67,9 @@ class Prepared:
     tournaments: dict[str, int] = field(default_factory=dict)  # qid -> group size, for choices too large
     states: list[StateTokens] = field(default_factory=list)
     max_len: int = 0
+    # a scanned request: per state of the request, how it was read; `states` and `rows` then hold
+    # every window of every state in order, and the answers of a state's windows make its one answer
+    windows: list[Windows] | None = None
 
     @property
     def tournament_rows(self) -> int:
@@ -98,6 +125,7 @@ class Model:
         self.head_of = HeadCache(checkpoint.tokenizer, cfg.head_max_len)
         self.calibration = calibration
         self.abstention = calibration.abstention if calibration else None
+        self.binning = calibration.binning if calibration else None  # an upstream file's binning map
         if calibration is not None:
             calibration.check_model(checkpoint.fingerprint, str(checkpoint.path))
             self.temperatures = calibration.over(self.temperatures)
@@ -114,14 +142,22 @@ class Model:
     def head_max_len(self) -> int:
         return self.checkpoint.config.head_max_len
 
-    def prepare(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None) -> Prepared:
+    def prepare(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
+                overflow: Overflow = None, limits: Limits = UNLIMITED) -> Prepared:
         """Validate and build every row; raises `QuestionError` before any inference.
 
         A choice whose option markers do not all fit in the model's row is answered by a tournament
         (groups of 16, as upstream's `predict_tournament`); `tournament=G` asks for one on every choice
-        of more than G options. Every other question is answered in one row, exactly as upstream."""
+        of more than G options. Every other question is answered in one row, exactly as upstream.
+
+        `overflow` is what happens to a state longer than the row: None or "truncate" keeps its start
+        (a conversation's end), "keep_start" / "keep_end" say which, a `Scan` reads it in windows
+        (`laya.encoder.windows`); its windows count against `limits` before any is decoded."""
         if (message := group_problem(tournament)) is not None:
             raise QuestionError(message, error_type="invalid_tournament")
+        if overflow not in OVERFLOWS and not isinstance(overflow, Scan):
+            raise QuestionError(f"overflow must be one of {', '.join(map(str, OVERFLOWS[1:]))} or a Scan, got "
+                                f"{overflow!r}"[:300], error_type="invalid_overflow")
         parsed = parse_questions(questions)
         for state in states:
             check_state(state)
@@ -137,9 +173,32 @@ class Model:
                 groups[q.qid] = DEFAULT_GROUP
         plain = [q for q in parsed if q.qid not in groups]
         tokens = [tokenize_state(tok, s) for s in states]
+        windows = None
+        if overflow in ("keep_start", "keep_end"):
+            tokens = [StateTokens(st.ids, keep_end=overflow == "keep_end") for st in tokens]
+        elif isinstance(overflow, Scan):
+            tokens, windows = self._windows(tokens, [heads[q.qid] for q in parsed], overflow, limits)
         rows = [[self._compacted(q, st, build_row(tok, q, heads[q.qid], st, self.max_len)) for q in plain]
                 for st in tokens]
-        return Prepared(questions=parsed, rows=rows, tournaments=groups, states=tokens, max_len=self.max_len)
+        return Prepared(questions=parsed, rows=rows, tournaments=groups, states=tokens, max_len=self.max_len,
+                        windows=windows)
+
+    def _windows(self, tokens: list[StateTokens], heads: list[QuestionTokens], scan: Scan, limits: Limits
+                 ) -> tuple[list[StateTokens], list[Windows]]:
+        """Every state's windows, as states of their own (a state read in one pass stays as it is)."""
+        rooms = [max(0, self.max_len - len(h.ids) - 1) for h in heads]
+        size, step, room = plan(rooms, self.max_len, self.head_max_len, scan)
+        explicit = scan.window is not None and scan.window > 0
+        plans = [cut(len(st.ids), size, step, room, explicit) for st in tokens]
+        limits.check("rows", sum(read.count for read in plans) * len(heads))
+        out = []
+        for st, read in zip(tokens, plans):
+            if not read.starts:
+                out.append(st)
+                continue
+            texts = [self.tokenizer.decode(st.ids[i : i + size]) for i in read.starts]
+            out += [tokenize_state(self.tokenizer, text) for text in texts]
+        return out, plans
 
     def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None
             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -202,7 +261,11 @@ class Model:
                 extras = {"x_act_probability": decode.act_probability(a)}
             if self.abstention is not None:
                 extras |= self.abstention.extras(q.qtype, q.n_options, p)
-            answers[q.qid] = decode.answer(q, p, extras)
+            answer = decode.answer(q, p, extras)
+            if self.binning and answer.answer_confidence is not None:
+                answer.answer_confidence = apply_binning(answer.answer_confidence,
+                                                         bucket_key(q.qtype, q.n_options), self.binning)
+            answers[q.qid] = answer
         return SystemOneResponse(
             model=self.name,
             answers=answers,
@@ -220,22 +283,28 @@ class Model:
             },
         )
 
-    def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any],
-                      tournament: int | None = None) -> list[dict[str, Any]]:
-        """The same questions over many states, sharing forward passes."""
+    def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
+                      *, min_confidence: Threshold | None = None, overflow: Overflow = None) -> list[dict[str, Any]]:
+        """The same questions over many states, sharing forward passes. `min_confidence` gates every
+        answer as upstream does (`laya.structured.gate`); `overflow` as in `prepare`."""
         if isinstance(states, str | bytes | dict):
             raise QuestionError("predict_batch takes a list of states; use predict() for one state")
+        threshold = check_min_confidence(min_confidence)
         states = list(states)
         if not states:
             return []
-        return [r.to_json() for r in self.answer([self.prepare(states, questions, tournament=tournament)])[0]]
+        job = self.prepare(states, questions, tournament=tournament, overflow=overflow)
+        out = [r.to_json() for r in self.answer([job])[0]]
+        apply_gate(out, threshold)
+        return out
 
     def answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         """Responses of several prepared requests, their rows sharing forward passes (the rounds of
         every tournament of every request too)."""
         played = self._play(jobs)
-        return self._per_state(jobs, lambda job, rows, z, a, key: self.respond(job.questions, rows, z, a,
-                                                                                 played.get(key)))
+        out = self._per_state(jobs, lambda job, rows, z, a, key: self.respond(job.questions, rows, z, a,
+                                                                                played.get(key)))
+        return [_read_whole(job, responses) for job, responses in zip(jobs, out)]
 
     def _play(self, jobs: list[Prepared]) -> dict[tuple[int, int], dict[str, Played]]:
         """Every tournament of every (request, state), by qid. All rounds of all tournaments share
@@ -306,10 +375,62 @@ class Model:
             out.append(per_state)
         return out
 
-    def predict(self, state: Any, questions: Mapping[str, Any], tournament: int | None = None) -> dict[str, Any]:
+    def predict(self, state: Any, questions: Mapping[str, Any], tournament: int | None = None, *,
+                min_confidence: Threshold | None = None, overflow: Overflow = None) -> dict[str, Any]:
         """One state, many questions: `{"model", "answers", "usage", "x_usage"}`. `tournament=G`
         answers every choice of more than G options by elimination in groups of G."""
-        return self.predict_batch([state], questions, tournament=tournament)[0]
+        return self.predict_batch([state], questions, tournament=tournament, min_confidence=min_confidence,
+                                  overflow=overflow)[0]
+
+    def predict_long(self, state: Any, questions: Mapping[str, Any], window: int | None = None,
+                     stride: int | None = None, aggregate: str = "auto") -> dict[str, Any]:
+        """A state longer than the row, read in overlapping windows in shared forward passes, as
+        upstream's `predict_long` reads it (`laya.encoder.windows`): each answer is its deciding
+        window's, named in `x_window`; `x_usage.windows` counts the windows read."""
+        if state is None:
+            raise QuestionError("state must not be None; pass a string, dict, or list", error_type="invalid_state")
+        return self.predict(state, questions, overflow=Scan(window, stride, aggregate))
+
+    def decide(self, state: Any, schema: Any = None, *, questions: Mapping[str, Any] | None = None,
+               return_details: bool = False, min_confidence: Threshold | None = None,
+               tournament: int | None = None) -> Any:
+        """The values of `schema` (a JSON schema or a pydantic model) decided from `state`, as
+        upstream's `laya.decide`: choices give their enum values, yes/no a bool, scores an int;
+        `return_details=True` gives a `DecisionResult`. With `questions=` instead, the raw answers."""
+        return self.decide_batch([state], schema, questions=questions, return_details=return_details,
+                                 min_confidence=min_confidence, tournament=tournament)[0]
+
+    def decide_batch(self, states: Sequence[Any], schema: Any = None, *, questions: Mapping[str, Any] | None = None,
+                     return_details: bool = False, min_confidence: Threshold | None = None,
+                     tournament: int | None = None) -> list[Any]:
+        """`decide` over many states, the schema planned once and every state in shared forward passes."""
+        if (schema is None) == (questions is None):
+            raise QuestionError("pass exactly one of schema= or questions=", error_type="invalid_schema")
+        if isinstance(states, str | bytes) or not isinstance(states, Sequence):
+            raise QuestionError(f"states must be a sequence of states, not {type(states).__name__}",
+                                error_type="invalid_state")
+        threshold = check_min_confidence(min_confidence)
+        fields = plan_schema(schema) if schema is not None else None
+        asked = questions_of([f for f in fields if not f.certain]) if fields is not None else dict(questions or {})
+        states = list(states)
+        if asked:
+            responses = self.predict_batch(states, asked, tournament=tournament)
+        else:  # every field has one possible value: nothing to read
+            for state in states:
+                check_state(state)
+            responses = [{"model": self.name, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
+                         for _ in states]
+        out = []
+        for response in responses:
+            if fields is not None:
+                answers = response["answers"]
+                response["answers"] = {f.name: answers[f.name] if not f.certain else certain_answer(f)
+                                       for f in fields}
+            apply_gate([response], threshold)
+            answers = response["answers"]
+            values = project(answers, fields) if fields is not None else dict(answers)
+            out.append(details(values, response) if return_details else values)
+        return out
 
     def info(self) -> dict[str, Any]:
         ck = self.checkpoint

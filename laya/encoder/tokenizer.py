@@ -16,6 +16,9 @@ from typing import Any
 from laya.errors import CheckpointError
 
 SPECIAL_ROLES = ("cls_token", "sep_token", "mask_token", "pad_token")
+# What transformers' `clean_up_tokenization` closes up, in its order.
+CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+            (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 def _token_string(value: Any) -> str | None:
@@ -40,6 +43,7 @@ class Tokenizer:
     mask_id: int
     pad_id: int
     path: Path
+    clean_up_spaces: bool = False  # tokenizer_config's clean_up_tokenization_spaces, which decode follows
 
     @classmethod
     def from_dir(cls, folder: Path) -> Tokenizer:
@@ -93,6 +97,11 @@ class Tokenizer:
             mask_id=ids["mask_token"],
             pad_id=ids["pad_token"],
             path=folder,
+            # transformers (5) skips the clean-up on BPE models, where it would eat real spaces,
+            # unless the config insists
+            clean_up_spaces=config.get("clean_up_tokenization_spaces") is True and (
+                type(backend.model).__name__ != "BPE"
+                or config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output") is True),
         )
 
     @property
@@ -105,6 +114,16 @@ class Tokenizer:
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+        """Ids back to text as transformers' tokenizers decode them (special tokens kept, and the
+        English punctuation spaces closed up when the config asks for it, as transformers 5 does): upstream scans a long
+        state in windows of text decoded this way, so a window is the same tokens here."""
+        text = self.backend.decode(list(ids), skip_special_tokens=False)
+        if self.clean_up_spaces:
+            for spaced, closed in CLEAN_UP:
+                text = text.replace(spaced, closed)
+        return text
 
     def sanitize(self, text: str) -> str:
         """Replace every literal mask-token string by a space, so text can never plant a marker."""

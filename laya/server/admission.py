@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("laya.server")
-SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch"})
+SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions"})
 
 
 class Admission:

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from laya.api import ApiError
 from laya.engine import Engine
 from laya.errors import LayaError
-from laya.server import heap, routes
+from laya.server import heap, openai, routes
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
 from laya.server.metrics import Metrics
@@ -32,13 +32,15 @@ from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_time
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
 REQUEST_ID = "x-typesafe-request-id"
-ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/models", "/health", "/ready", "/metrics", "/"}
+ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/models", "/health", "/ready",
+          "/metrics", "/"}
 # The decision routes, called straight from `RequestContext` instead of through FastAPI's and
 # Starlette's eight layers of middleware, routing and endpoint wrapping (error, telemetry and body-limit
 # middleware, exception handlers, exit stacks, the router, the route's request handler): 0.36 ms of a
 # decision's ~4 ms around the model on a two-core machine (interleaved A/B). FastAPI still registers
 # them, for the OpenAPI document and for every other method or a mounted prefix on these paths.
-DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch}
+DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch,
+          ("POST", "/v1/chat/completions"): openai.chat_completions}
 
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -149,7 +151,7 @@ class RequestContext:
             elapsed = time.perf_counter() - began
             route = scope["path"] if scope["path"] in ROUTES else "other"
             self.metrics.request(route, status["code"], elapsed)
-            if route.startswith("/v1/systemone"):
+            if route.startswith(("/v1/systemone", "/v1/chat")):
                 access_log.info(json.dumps({"id": rid, "route": route, "status": status["code"],
                                             "ms": round(elapsed * 1000, 2), **state["log"]}))
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -33,11 +34,12 @@ from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.questions import Question
 from laya.response import SystemOneResponse
-from laya.schema import request_schema
+from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, decoded_within, parse_json, read_body
 from laya.server.metrics import Metrics
+from laya.server.openai import chat_completions
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
 
 STATIC = Path(__file__).parent / "static"
@@ -45,6 +47,7 @@ STATIC = Path(__file__).parent / "static"
 # tens of microseconds of work, where the hop to a worker thread and back costs about half a
 # millisecond on a busy two-core machine. Larger ones go to threads, so none holds the loop long.
 INLINE_BYTES = 4096
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,6 +92,18 @@ class Context:
 
     async def read_json(self, request: Request, batch: bool = False) -> SystemOneRequest:
         """The validated request: media type, body and JSON checked, parsed off the event loop."""
+
+        def validate(body: Any) -> SystemOneRequest:
+            if isinstance(body, dict):
+                check_size(body, batch, self.config.limits)  # counted before anything is walked or validated
+            return body
+
+        return await self.read_body(request, validate, lambda body: parse_systemone(body, batch=batch,
+                                                                                     limits=self.config.limits))
+
+    async def read_body(self, request: Request, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
+        """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then
+        `then` (validation into a typed request): on the event loop for a small body, else on a thread."""
         headers = request.headers
         check_media_type(headers.get("content-type"), browser="origin" in headers or "sec-fetch-mode" in headers)
         raw = await read_body(request, self.config.max_body_bytes)
@@ -96,14 +111,12 @@ class Context:
         small = decoded_within(raw, encoding, INLINE_BYTES) if len(raw) <= INLINE_BYTES else None
         request.state.inline = small is not None
 
-        def parse(data: bytes | None) -> SystemOneRequest:
+        def parse(data: bytes | None) -> T:
             if data is None:
                 data = decode(raw, encoding, self.config.max_body_bytes)
-            body = parse_json(data)
-            if isinstance(body, dict):
-                check_size(body, batch, self.config.limits)  # counted before anything is walked or validated
+            body = first(parse_json(data))
             check_tree(body, data)
-            return parse_systemone(body, batch=batch, limits=self.config.limits)
+            return then(body)
 
         if small is not None:  # tens of microseconds: less than the hop to a thread and back
             return parse(small)
@@ -201,7 +214,7 @@ async def systemone(request: Request):
     req = await ctx.read_json(request)
     name = ctx.resolve(req.model)
     (result,) = await ctx.answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix,
-                                 tournament=req.tournament)
+                                 tournament=req.tournament, overflow=req.overflow)
     return JSONResponse(result.to_json())
 
 
@@ -212,7 +225,7 @@ async def systemone_batch(request: Request):
     req = await ctx.read_json(request, batch=True)
     name = ctx.resolve(req.model)
     results = await ctx.answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix,
-                               tournament=req.tournament)
+                               tournament=req.tournament, overflow=req.overflow)
     total = sum(r.input_tokens for r in results)
     return JSONResponse({"model": name, "results": [r.to_json() for r in results],
                          "total_usage": {"input_tokens": total, "output_tokens": 0}})
@@ -286,6 +299,7 @@ def register(app: FastAPI, limits: Limits) -> None:
     app.add_api_route("/v1/systemone", systemone, methods=["POST"], openapi_extra=body(request_schema(limits)))
     app.add_api_route("/v1/systemone/batch", systemone_batch, methods=["POST"],
                       openapi_extra=body(request_schema(limits, batch=True)))
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], openapi_extra=body(chat_schema()))
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
