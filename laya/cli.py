@@ -71,6 +71,14 @@ def runtime_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.input is not None or args.output is not None:
+        return predict_lines(args)
+    for flag, value in (("--url", args.url), ("--concurrency", args.concurrency)):
+        if value is not None:
+            raise UsageError(f"{flag} is for a JSONL run: add -i IN.jsonl -o OUT.jsonl")
+    for flag, value in (("--model", args.model), ("--state", args.state), ("--questions", args.questions)):
+        if value is None:
+            raise UsageError(f"{flag} is required (or -i IN.jsonl -o OUT.jsonl for many requests)")
     questions = _json_arg(args.questions, "--questions")
     state = _state_arg(args.state, args.state_json)
     model = _load(args)
@@ -79,6 +87,57 @@ def cmd_predict(args: argparse.Namespace) -> int:
                              overflow=overflow)
     print(json.dumps(response, ensure_ascii=False, indent=2 if args.pretty else None))
     return 0
+
+
+def predict_lines(args: argparse.Namespace) -> int:
+    """`laya predict -i IN.jsonl -o OUT.jsonl`: one request per line (laya.jsonl); exit 1 if any failed."""
+    from laya import jsonl
+
+    if args.input is None or args.output is None:
+        raise UsageError("a JSONL run takes both -i IN.jsonl and -o OUT.jsonl")
+    for flag, value in (("--state", args.state), ("--state-json", args.state_json or None),
+                        ("--tournament", args.tournament), ("--min-confidence", args.min_confidence),
+                        ("--overflow", args.overflow), ("--window", args.window), ("--stride", args.stride)):
+        if value is not None:
+            raise UsageError(f"{flag} is per request in a JSONL run: put it in the lines (\"state\", "
+                             "\"tournament\", \"x_overflow\")")
+    source, out = Path(args.input), Path(args.output)
+    if not source.is_file():
+        raise UsageError(f"-i {source}: no such file")
+    if source.resolve() == out.resolve():
+        raise UsageError("-o must not be the input file")
+    questions = _json_arg(args.questions, "--questions") if args.questions is not None else None
+    if args.url is not None:
+        if args.model is not None:
+            raise UsageError("--url sends the lines to a running server, which has its models: drop --model "
+                             "(or put \"model\" in the lines)")
+        answer = jsonl.remote_answer(args.url, read_api_key(args.api_key_file), args.concurrency or 4)
+        chunk = max(jsonl.CHUNK, 4 * (args.concurrency or 4))
+    else:
+        if args.model is None:
+            raise UsageError("--model is required (or --url to use a running laya serve)")
+        answer, chunk = jsonl.local_answer(_engine(args)), jsonl.CHUNK
+    try:
+        tally = jsonl.run(jsonl.read_lines(source, questions), out, answer, total=jsonl.count_lines(source),
+                          chunk=chunk, progress=not args.no_progress)
+    finally:
+        getattr(answer, "close", lambda: None)()
+    print(f"laya: {tally.answered} answered, {tally.failed} failed, {tally.skipped} already in {out}",
+          file=sys.stderr)
+    return 1 if tally.failed else 0
+
+
+def _engine(args: argparse.Namespace):
+    """The engine a JSONL run answers with: a chat .gguf's decide engine, else the encoder's."""
+    from laya.engine import is_gguf
+
+    if is_gguf(args.model):
+        from laya.server.serve import ModelSpec, ServeOptions, load_engine
+
+        return load_engine(ModelSpec(args.model), ServeOptions(engine_process=False, threads=args.threads))
+    from laya.encoder.engine import EncoderEngine
+
+    return EncoderEngine(_load(args))
 
 
 def _overflow(args: argparse.Namespace):
@@ -475,8 +534,8 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", required=True, help="checkpoint folder, registered name or Hub id")
+def _model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--model", "-m", required=required, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
                         help="runtime: auto (default: the fastest faithful runtime installed here), torch, onnx, mlx, "
                              "coreml (a bundle picks its own)")
@@ -495,11 +554,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="laya", description="System One decisions from encoder checkpoints")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    predict = sub.add_parser("predict", help="answer questions about a state and print the response JSON")
-    _model_args(predict)
-    predict.add_argument("--state", "-s", required=True, help="state text, or @file (@- for stdin)")
+    predict = sub.add_parser("predict", help="answer questions about a state (or a JSONL file of requests)")
+    _model_args(predict, required=False)
+    predict.add_argument("--state", "-s", help="state text, or @file (@- for stdin)")
     predict.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
-    predict.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
+    predict.add_argument("--questions", "-q",
+                         help="questions JSON, or @file.json (in a JSONL run: for the lines that have none)")
+    predict.add_argument("--input", "-i", metavar="IN.jsonl",
+                         help="one request per line (a System One body, or a JSON string state); with -o")
+    predict.add_argument("--output", "-o", metavar="OUT.jsonl",
+                         help="one answer or error per input line, in order; ids already there are skipped")
+    predict.add_argument("--url", help="JSONL run: send the lines to this running laya serve instead of loading")
+    predict.add_argument("--api-key-file", metavar="PATH", help="with --url: the server's key (or LAYA_API_KEY)")
+    predict.add_argument("--concurrency", type=int, metavar="N", help="with --url: requests in flight (default 4)")
+    predict.add_argument("--no-progress", action="store_true", help="JSONL run: no progress on stderr")
     predict.add_argument("--pretty", action="store_true", help="indent the JSON output")
     predict.add_argument("--tournament", type=int, metavar="G",
                          help="answer every choice of more than G options by elimination in groups of G (choices "
