@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import load_quiet
 from laya.models.routing_task import (
+    HUMAN_QUESTION,
     QUESTION,
     app_footer_lines,
     routing_lines,
@@ -25,6 +26,7 @@ import laya
 from laya.calibration.data import DataError, read_csv_records, read_labelled
 from laya.calibration.metrics import auroc
 from laya.cli import main
+from laya.training.act import MARGIN, WIN_SHARE
 
 ROOT = Path(__file__).resolve().parents[1]
 # The routing task on the generated checkpoint: settings found to learn it in a few CPU minutes. Pinned to
@@ -75,19 +77,73 @@ def test_a_generated_checkpoint_learns_the_task_from_chance(trained):
 
 
 def act_head_figures(report) -> dict:
-    """The act head's record, checked for what holds on every task: it is never a worse abstain signal than
-    the top probability it reads (untempered, fp32, on the report half), and exactly as good when it
-    falls back to it (the same ranking, so the same AUROC to the last digit)."""
+    """The act head's record, checked for what holds on every task and processor: the correction is kept
+    only as the cross-validation rule says (a mean out-of-fold gain of at least MARGIN, gaining in at
+    least WIN_SHARE of the folds), and where it falls back it is exactly the untempered top probability
+    (the same ranking, so the same AUROC to the last digit). Whether a kept correction still gains on
+    answers it was not fitted on is sampling, checked against the noise in `fresh_gap`."""
     act = report["act_head"]
     assert act["fitted"] and act["right"] >= 5 and act["wrong"] >= 5, act
     summary = (Path(report["out"]) / "report" / "summary.txt").read_text()
     assert act["says"] in summary, summary  # the report says which head it is and why
+    corrections = act["cv"]["corrections"]
+    kept = [n for n, f in corrections.items() if f["gain"] >= MARGIN and f["wins"] >= WIN_SHARE]
     if act["falls_back"]:
+        assert not kept, act
         assert act["chosen"] == "top_probability"
         assert act["auroc"] == act["auroc_top_probability_untempered"], act
     else:
-        assert act["auroc"] > act["auroc_top_probability_untempered"], act
+        assert act["chosen"] == "correction" and kept, act
+        best = max(kept, key=lambda n: corrections[n]["gain"])
+        assert act["says"].startswith(f"act head: the top probability corrected by the input ({best}:"), act
     return act
+
+
+def probabilities(answer: dict) -> dict[str, float]:
+    """An answer's distribution over its options (a noul answer gives P(yes) alone)."""
+    if answer["type"] == "noul":
+        return {"yes": answer["noul"], "no": 1.0 - answer["noul"]}
+    return answer["probabilities"]
+
+
+def fresh_gap(out: Path, lines: list[dict], question: dict, rounds: int = 2000) -> dict[str, float]:
+    """On labelled lines nothing was fitted on: the AUROC (right vs wrong) of the served act probability,
+    of the untempered top probability (the model with every temperature 1), their difference, and the
+    standard deviation of that difference over paired bootstrap resamples of the lines (seeded)."""
+    from laya.calibration.temperatures import Temperatures
+
+    (key,) = question
+    states = [line["state"] for line in lines]
+    labels = [line["labels"][key] for line in lines]
+    labels = [("yes" if v else "no") if isinstance(v, bool) else v for v in labels]
+    served = [a["answers"][key] for a in load_quiet(out).predict_batch(states, question)]
+    plain = load_quiet(out)
+    plain.temperatures = Temperatures()
+    untempered = [probabilities(a["answers"][key]) for a in plain.predict_batch(states, question)]
+    right = np.array([max(p, key=p.get) == y for p, y in zip(map(probabilities, served), labels)])
+    act = np.array([a["x_act_probability"] for a in served])
+    top = np.array([max(p.values()) for p in untempered])
+    rng = np.random.default_rng(0)
+    gaps = []
+    for _ in range(rounds):
+        i = rng.integers(0, len(lines), len(lines))
+        if right[i].all() or not right[i].any():
+            continue
+        gaps.append(auroc(act[i], right[i]) - auroc(top[i], right[i]))
+    return {"act": auroc(act, right), "top": auroc(top, right), "gap": auroc(act, right) - auroc(top, right),
+            "noise": float(np.std(gaps)), "wrong": int((~right).sum()), "n": len(lines)}
+
+
+def assert_no_worse_beyond_noise(act: dict, fresh: dict) -> None:
+    """A kept correction won out of fold on the fitting answers; on fresh answers it may still lose by
+    sampling (measured: a CI machine of another processor kind kept one on the routing task that scored
+    0.898 against the top probability's 0.913 on 480 measuring answers), but not by more than three
+    standard deviations of the paired difference. A head that falls back ranks as the top probability
+    does, so the gap is ~0."""
+    if act["falls_back"]:
+        assert abs(fresh["gap"]) <= 0.01, fresh  # tempering aside, the same ranking (ties of float64 decode)
+    else:
+        assert fresh["gap"] >= -3 * fresh["noise"], fresh
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +174,22 @@ def test_the_act_head_knows_when_the_decision_is_wrong(trained):
     right = np.array([a["choice"] == line["labels"]["team"] for a, line in zip(served, fresh)])
     probs = np.array([a["x_act_probability"] for a in served])
     assert auroc(probs, right) >= 0.8, auroc(probs, right)
+    assert_no_worse_beyond_noise(act, fresh_gap(out, fresh, QUESTION))
     before = np.array([a["answers"]["team"]["x_act_probability"]
                        for a in load_quiet(source).predict_batch(states, QUESTION)])
     assert np.max(np.abs(probs - before)) > 0.05
 
 
 @pytest.mark.slow
-def test_on_a_yes_no_task_with_misleading_confidence_the_act_head_is_never_worse(app_trained):
+def test_on_a_yes_no_task_with_misleading_confidence_the_act_head_is_no_worse_beyond_noise(app_trained):
     """The yes/no task whose rare app footer marks badly labelled messages (the model stays confident
-    there): whichever head the cross-validation keeps, it is no worse an abstain signal than the top
-    probability on the answers nothing was fitted on, and exactly as good when it falls back (two
-    options: it reads the entropy, the same order resolved where fp32 top1 rounds to 1.0)."""
+    there): whichever head the cross-validation keeps, on fresh messages it is no worse an abstain signal
+    than the top probability beyond sampling noise, and the same ranking when it falls back (two options:
+    it reads the entropy, the same order resolved where fp32 top1 rounds to 1.0)."""
     act = act_head_figures(app_trained)
     assert act["head"]["reads"] == "entropy", act
+    fresh = app_footer_lines(900, seed=97)
+    assert_no_worse_beyond_noise(act, fresh_gap(Path(app_trained["out"]), fresh, HUMAN_QUESTION))
     assert app_trained["heldout"]["after"]["accuracy"] >= 0.85, app_trained["heldout"]["after"]
 
 
