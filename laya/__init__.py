@@ -2,6 +2,7 @@
 
     import laya
     model = laya.load("path/to/checkpoint")             # or "laya-multilingual", or "owner/repo"
+    router = laya.load("auto")                          # English or multilingual, chosen per state
     model.predict("I was charged twice", {"team": {"type": "choice", "instructions": "Route it",
                                                    "criteria": {"billing": None, "sales": None}}})
 """
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laya.encoder.model import Model
 from laya.errors import CheckpointError, LayaError, QuestionError, RuntimeUnavailable
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "RuntimeUnavailable", "load", "train"]
+__all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "Router", "RuntimeUnavailable", "load",
+           "load_router", "train"]
+
+if TYPE_CHECKING:
+    from laya.router import Router
 
 
 def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *, resume: bool = False,
@@ -61,8 +66,17 @@ def load(
     at the first load on this machine and remembered, see `laya.choice`; `model.choice` says which,
     why and what it measured; `measure=False` or LAYA_AUTO_MEASURE=0 make it follow its fixed rule
     without timing) and to the bundle's own runtime for an exported bundle; runtime options
-    (`threads`, `precision`, `force`, ...) go to the runtime.
+    (`threads`, `precision`, `force`, ...) go to the runtime. `"auto"` gives a `Router` over the
+    English and the multilingual checkpoint (see `load_router`; `english=`, `multilingual=` and
+    `default=` name them).
     """
+    if isinstance(model, str) and model == "auto":
+        if revision is not None or subfolder is not None or sha256 is not None or calibration is not None:
+            raise LayaError("\"auto\" loads two checkpoints: name them (english=, multilingual=) and load each "
+                            "with its revision, digest or calibration, then pass the models")
+        roles = {k: runtime_options.pop(k) for k in ("english", "multilingual", "default") if k in runtime_options}
+        router = load_router(**roles, runtime=runtime, local_only=local_only, **runtime_options)
+        return router  # type: ignore[return-value]
     from laya.encoder.loading import build_runtime, load_model_checkpoint
 
     checkpoint, default_name, bundle_kind = load_model_checkpoint(
@@ -93,3 +107,28 @@ def load(
     else:
         runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
     return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted, choice=choice)
+
+
+def load_router(english: str | os.PathLike | Model = "laya",
+                multilingual: str | os.PathLike | Model = "laya-multilingual", *,
+                default: str = "multilingual", **load_options: Any) -> Router:
+    """The two checkpoints behind one `predict` that sends each state to the one that can read it
+    (upstream's Router rules, `laya.router`). Each may be a loaded `Model` or what `load` takes;
+    `load_options` (runtime, local_only, ...) apply to both."""
+    from laya.router import Router
+
+    if default not in ("english", "multilingual"):  # before two checkpoints are loaded for nothing
+        raise LayaError(f"default must be 'english' or 'multilingual', got {default!r}")
+
+    def loaded(spec: Any) -> Model:
+        return spec if isinstance(spec, Model) else load(spec, **load_options)
+
+    return Router(loaded(english), loaded(multilingual), default=default)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Router":  # imported on use: routing's tables are not needed by a plain `load`
+        from laya.router import Router
+
+        return Router
+    raise AttributeError(f"module 'laya' has no attribute {name!r}")

@@ -70,6 +70,7 @@ class SystemOneRequest:
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
     tournament: int | None = None  # encoder engine: answer choices of more options by elimination in groups
     overflow: Overflow = None  # encoder engine: a state longer than the row truncated (which end) or scanned
+    lang: str | None = None  # "model": "auto": the caller's language code, decisive when it names one
 
 
 def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None) -> SystemOneRequest:
@@ -107,12 +108,17 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
     if (message := group_problem(tournament)) is not None:
         problems.append(Problem(("tournament",), message, "int_type"))
     overflow = overflow_of(body.get("x_overflow"), problems) if "x_overflow" in body else None
+    lang = body.get("x_lang")
+    if lang is not None and (not isinstance(lang, str) or len(lang) > MAX_LANG_CHARS):
+        problems.append(Problem(("x_lang",), f"x_lang must be a language code such as 'en' or 'pt-BR' (at most "
+                                             f"{MAX_LANG_CHARS} characters)", "string_type"))
     if problems:
         raise ApiError(422, render_problems(problems))
     return SystemOneRequest(model=model, state=state, questions=parsed, reuse_prefix=reuse is not False,
-                            tournament=tournament, overflow=overflow)
+                            tournament=tournament, overflow=overflow, lang=lang)
 
 
+MAX_LANG_CHARS = 35  # BCP 47's longest registered tags are shorter
 OVERFLOW_MODES = ("truncate", "keep_start", "keep_end")
 SCAN_KEYS = ("window", "stride", "aggregate")
 

@@ -56,10 +56,16 @@ class SystemOneResponse:
     answers: dict[str, Answer]
     input_tokens: int
     x_usage: dict[str, Any] | None = None
+    # "model": "auto": why this model answered (laya.router), set by the server
+    routed_to: str | None = None
+    route_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "answers": {qid: a.to_json() for qid, a in self.answers.items()},
                                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
         if self.x_usage is not None:
             out["x_usage"] = self.x_usage
+        if self.routed_to is not None:
+            out["x_routed_to"] = self.routed_to
+            out["x_route_reason"] = self.route_reason
         return out

@@ -56,7 +56,9 @@ def request_schema(limits: Limits | None = None, *, batch: bool = False) -> dict
         "type": "object", "title": "SystemOneBatchRequest" if batch else "SystemOneRequest",
         "required": [*states, "questions"],
         "properties": {
-            "model": {"type": ["string", "null"], "description": "jev-latest, jev-preview or a served model"},
+            "model": {"type": ["string", "null"],
+                      "description": "jev-latest, jev-preview, a served model, or auto (each state to the English "
+                                     "or the multilingual model by its script and language)"},
             **states,
             "questions": {"type": "object", "minProperties": 1, "maxProperties": limits.max_questions,
                           "propertyNames": {"minLength": 1}, "additionalProperties": question_schema()},
@@ -79,6 +81,9 @@ def request_schema(limits: Limits | None = None, *, batch: bool = False) -> dict
                                "kept, a conversation's end), keeps its start or its end, or is scanned in "
                                "overlapping windows (0 or none: the model's defaults), each answer from its "
                                "deciding window (x_window)"},
+            "x_lang": {"type": ["string", "null"], "maxLength": 35,
+                       "description": "with \"model\": \"auto\": the state's language code (decisive when it "
+                                      "names a language; blank lets detection decide)"},
         },
     }
 

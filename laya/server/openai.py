@@ -148,8 +148,7 @@ async def chat_completions(request: Request) -> JSONResponse:
     try:
         ctx.check_auth(request)
         chat = await ctx.read_body(request, lambda body: body, lambda body: parse_chat(body, ctx.config.limits))
-        name = ctx.resolve(chat.model)
-        (result,) = await ctx.answer(request, name, [chat.request.state], chat.request.questions)
+        name, (result,) = await ctx.answer_as(request, chat.model, [chat.request.state], chat.request.questions)
     except ApiError as exc:
         failed = as_openai_error(exc)
         return JSONResponse({"error": failed.detail}, status_code=failed.status, headers=failed.headers)
@@ -166,6 +165,7 @@ async def chat_completions(request: Request) -> JSONResponse:
         "usage": {"prompt_tokens": result.input_tokens, "completion_tokens": 0, "total_tokens": result.input_tokens},
         "x_laya": {"schema": chat.schema_name, "probabilities": decided.probabilities,
                    "confidence": decided.confidence, "answer_confidence": decided.answer_confidence,
-                   "answers": decided.answers, **({"x_usage": response["x_usage"]} if "x_usage" in response else {})},
+                   "answers": decided.answers,
+                   **{k: response[k] for k in ("x_usage", "x_routed_to", "x_route_reason") if k in response}},
     }
     return JSONResponse(body)

@@ -34,6 +34,7 @@ from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.questions import Question
 from laya.response import SystemOneResponse
+from laya.router import AUTO, ROLES, roles_of
 from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
@@ -203,6 +204,41 @@ class Context:
         return results
 
 
+    async def answer_as(self, request: Request, model: str | None, states: list[Any], questions: list[Question],
+                        lang: str | None = None, **options: Any) -> tuple[str, list[SystemOneResponse]]:
+        """`answer` by the model a request names, or, for "auto", each state by the model its script
+        and language route it to (laya.router), the route reported on its answer."""
+        if model != AUTO or AUTO in self.served.engines:
+            name = self.resolve(model)
+            return name, await self.answer(request, name, states, questions, **options)
+        self.resolve(None)  # 503 while loading
+        roles = roles_of(list(self.served.engines))
+        if roles is None:
+            raise usage_error(404, "api_usage_error",
+                              "model 'auto' chooses between an English and a multilingual model, and this server "
+                              f"serves {', '.join(self.served.engines)}: serve both (laya serve -m laya -m "
+                              "laya-multilingual, or -m english=PATH -m multilingual=PATH)")
+
+        from laya.routing import route
+
+        def routes_of() -> list[Any]:
+            return [route(state, lang=lang) for state in states]  # each reads at most 4000 characters
+
+        routes = routes_of() if request.state.inline else await run_in_threadpool(routes_of)
+        out: list[SystemOneResponse | None] = [None] * len(states)
+        for role in ROLES:  # one model after the other: a request's states rarely need both
+            idx = [i for i, r in enumerate(routes) if r.model == role]
+            if not idx:
+                continue
+            name = roles[role]
+            for i, result in zip(idx, await self.answer(request, name, [states[i] for i in idx], questions,
+                                                        **options)):
+                result.routed_to, result.route_reason = name, routes[i].reason
+                out[i] = result
+        request.state.log.update(model=AUTO)
+        return AUTO, out  # type: ignore[return-value]
+
+
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
 
@@ -212,9 +248,9 @@ async def systemone(request: Request):
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     req = await ctx.read_json(request)
-    name = ctx.resolve(req.model)
-    (result,) = await ctx.answer(request, name, [req.state], req.questions, reuse_prefix=req.reuse_prefix,
-                                 tournament=req.tournament, overflow=req.overflow)
+    _, (result,) = await ctx.answer_as(request, req.model, [req.state], req.questions, req.lang,
+                                       reuse_prefix=req.reuse_prefix, tournament=req.tournament,
+                                       overflow=req.overflow)
     return JSONResponse(result.to_json())
 
 
@@ -223,9 +259,9 @@ async def systemone_batch(request: Request):
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     req = await ctx.read_json(request, batch=True)
-    name = ctx.resolve(req.model)
-    results = await ctx.answer(request, name, req.state, req.questions, reuse_prefix=req.reuse_prefix,
-                               tournament=req.tournament, overflow=req.overflow)
+    name, results = await ctx.answer_as(request, req.model, req.state, req.questions, req.lang,
+                                        reuse_prefix=req.reuse_prefix, tournament=req.tournament,
+                                        overflow=req.overflow)
     total = sum(r.input_tokens for r in results)
     return JSONResponse({"model": name, "results": [r.to_json() for r in results],
                          "total_usage": {"input_tokens": total, "output_tokens": 0}})
@@ -241,6 +277,11 @@ async def models(request: Request):
         out += [{"name": alias, "description": f"alias of {ctx.served.default}",
                  "release_date": ctx.served.engines[ctx.served.default].release_date or "2026-01-01"}
                 for alias in ALIASES]
+    roles = roles_of(list(ctx.served.engines))
+    if roles and AUTO not in ctx.served.engines:
+        out.append({"name": AUTO, "description": f"each state to {roles['english']} or {roles['multilingual']} by "
+                                                 "its script and language",
+                    "release_date": ctx.served.engines[roles["multilingual"]].release_date or "2026-01-01"})
     return {"models": out}
 
 
