@@ -520,6 +520,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """`laya mcp`: the decision tools for agents over MCP (laya.agents.mcp), on stdio or HTTP; the model
+    loads in the background (or, with --url, a running laya serve answers)."""
+    from laya.agents.mcp import run
+
+    if args.api_key is not None:
+        raise LayaError("--api-key would show the key to every user of this machine (ps, /proc); put it in a "
+                        "file readable only by you and pass --api-key-file PATH, or set LAYA_API_KEY")
+    if args.url is not None and args.model is not None:
+        raise UsageError("--url answers with the running server's models: drop --model")
+    if args.url is None and args.model is None:
+        raise UsageError("--model is required (or --url to front a running laya serve)")
+    if not args.http and (args.host != "127.0.0.1" or args.port is not None):
+        raise UsageError("--host and --port are for --http (stdio is the default transport)")
+    api_key = read_api_key(args.api_key_file)
+    load = None if args.model is None else (lambda: _engine(args))
+    run(load=load, source=args.model, url=args.url, api_key=api_key, http=args.http, host=args.host,
+        **({"port": args.port} if args.port is not None else {}))
+    return 0
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
@@ -771,6 +792,19 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--onnx-int8", help="an exported int8 bundle to use for -r onnx:int8")
     ben.add_argument("--json", help="also write the figures to this file")
     ben.set_defaults(func=cmd_bench)
+
+    mcp = sub.add_parser("mcp", help="the decision tools for agents: an MCP server (stdio, or --http)")
+    _model_args(mcp, required=False)
+    mcp.add_argument("--http", action="store_true",
+                     help="serve MCP over streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http: address to bind (default 127.0.0.1)")
+    mcp.add_argument("--port", type=int, help="with --http: port (default 8765)")
+    mcp.add_argument("--api-key-file", metavar="PATH",
+                     help="a file holding the key (or LAYA_API_KEY): with --http clients must send it as a bearer "
+                          "token; with --url it is sent to the server")
+    mcp.add_argument("--api-key", help=argparse.SUPPRESS)
+    mcp.add_argument("--url", help="front a running laya serve at this URL instead of loading a model")
+    mcp.set_defaults(func=cmd_mcp)
 
     demo = sub.add_parser("demo", help="answer a sample routing request (falls back to a random-weight model)")
     demo.add_argument("--model", "-m", default="laya-multilingual", help="model to try first")

@@ -67,5 +67,5 @@ echo "setup: installing laya with its extras (llama-cpp-python compiles llama.cp
 # Elsewhere (or with CMAKE_ARGS set) llama-cpp-python builds as before: a portable llama.cpp; pip
 # caches the wheel, so later setups are quick.
 CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" \
-    .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,onnx,export,mlx,coreml,calibrate,train,serve,ray,llama,dev]"
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,onnx,export,mlx,coreml,calibrate,train,serve,ray,llama,mcp,dev]"
 echo "setup: ready (.venv)"
