@@ -15,6 +15,7 @@ from laya.encoder.windows import AGGREGATES, Overflow, Scan
 from laya.errors import QuestionError
 from laya.limits import LimitExceeded, Limits
 from laya.questions import Problem, Question, check_questions, state_problem
+from laya.router import MAX_LANG_CHARS
 
 MAX_TOKENS_ALL = 65536  # the state plus every question
 MAX_TOKENS_ONE = 32768  # the state plus the longest question
@@ -118,7 +119,6 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
                             tournament=tournament, overflow=overflow, lang=lang)
 
 
-MAX_LANG_CHARS = 35  # BCP 47's longest registered tags are shorter
 OVERFLOW_MODES = ("truncate", "keep_start", "keep_end")
 SCAN_KEYS = ("window", "stride", "aggregate")
 

@@ -22,6 +22,7 @@ AUTO = "auto"  # the model name that routes
 ROLES = ("english", "multilingual")
 # Served names that say which checkpoint a model is: the registered names, or an operator's NAME=.
 ROLE_NAMES = {"english": ("laya", "english"), "multilingual": ("laya-multilingual", "multilingual")}
+MAX_LANG_CHARS = 35  # BCP 47's longest registered tags are shorter
 
 
 def roles_of(names: Sequence[str]) -> dict[str, str] | None:
@@ -39,10 +40,21 @@ def check_lang(lang: Any) -> str | None:
     """A language code hint (`"de"`, `"pt-BR"`, blank for none) or a clear error."""
     if lang is None:
         return None
-    if not isinstance(lang, str) or len(lang) > 35:
+    if not isinstance(lang, str) or len(lang) > MAX_LANG_CHARS:
         raise QuestionError(f"lang must be a language code such as 'en' or 'pt-BR', got {str(lang)[:40]!r}",
                             error_type="invalid_lang")
     return lang
+
+
+def by_role(routes: Sequence[Route]) -> list[tuple[str, list[int]]]:
+    """The states each role answers (their indices, in order), roles with none left out: what a
+    routed batch sends to each model, one model after the other."""
+    out = []
+    for role in ROLES:
+        idx = [i for i, r in enumerate(routes) if r.model == role]
+        if idx:
+            out.append((role, idx))
+    return out
 
 
 class Router:
@@ -66,10 +78,7 @@ class Router:
         """Each state answered by its model; states sent to the same model share its forward passes."""
         routes = [self.route(s, lang) for s in states]
         out: list[dict[str, Any] | None] = [None] * len(states)
-        for role in ROLES:
-            idx = [i for i, r in enumerate(routes) if r.model == role]
-            if not idx:
-                continue
+        for role, idx in by_role(routes):
             model = self.models[role]
             for i, response in zip(idx, model.predict_batch([states[i] for i in idx], questions, **options)):
                 out[i] = {**response, "x_routed_to": model.name, "x_route_reason": routes[i].reason}
@@ -92,12 +101,9 @@ class Router:
         """Typed values per state, each decided by its model (`route` says which and why)."""
         routes = [self.route(s, lang) for s in states]
         out: list[Any] = [None] * len(states)
-        for role in ROLES:
-            idx = [i for i, r in enumerate(routes) if r.model == role]
-            if idx:
-                got = self.models[role].decide_batch([states[i] for i in idx], schema, **options)
-                for i, value in zip(idx, got):
-                    out[i] = value
+        for role, idx in by_role(routes):
+            for i, value in zip(idx, self.models[role].decide_batch([states[i] for i in idx], schema, **options)):
+                out[i] = value
         return out
 
     def decide(self, state: Any, schema: Any = None, *, lang: str | None = None, **options: Any) -> Any:

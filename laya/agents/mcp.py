@@ -304,9 +304,8 @@ async def decide_values(backend: Backend, state: Any, schema: dict[str, Any], mi
     """`Model.decide(state, schema, return_details=True)`, step for step, with the questions answered
     by `backend`: so a chat GGUF and a remote server decide a schema too, within the same limits."""
     from laya.questions import check_state
-    from laya.structured.gate import apply_gate
     from laya.structured.plan import plan_schema, questions_of
-    from laya.structured.values import certain_answer, details, project
+    from laya.structured.values import details, settle
 
     threshold = _gate(min_confidence)
     try:
@@ -322,10 +321,7 @@ async def decide_values(backend: Backend, state: Any, schema: dict[str, Any], mi
         except QuestionError as exc:
             raise ToolError(f"invalid_state: {exc}") from exc
         response = {"model": backend.name, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
-    answers = response["answers"]
-    response["answers"] = {f.name: answers[f.name] if not f.certain else certain_answer(f) for f in fields}
-    apply_gate([response], threshold)
-    return details(project(response["answers"], fields), response).to_json()
+    return details(settle(response, fields, threshold), response).to_json()
 
 
 # --- the server -----------------------------------------------------------------------------------------

@@ -32,12 +32,11 @@ from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 from laya.structured import (
     apply_gate,
-    certain_answer,
     check_min_confidence,
     details,
     plan_schema,
-    project,
     questions_of,
+    settle,
 )
 from laya.structured.gate import Threshold
 
@@ -423,12 +422,10 @@ class Model:
         out = []
         for response in responses:
             if fields is not None:
-                answers = response["answers"]
-                response["answers"] = {f.name: answers[f.name] if not f.certain else certain_answer(f)
-                                       for f in fields}
-            apply_gate([response], threshold)
-            answers = response["answers"]
-            values = project(answers, fields) if fields is not None else dict(answers)
+                values = settle(response, fields, threshold)
+            else:
+                apply_gate([response], threshold)
+                values = dict(response["answers"])
             out.append(details(values, response) if return_details else values)
         return out
 

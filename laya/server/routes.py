@@ -34,7 +34,7 @@ from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.questions import Question
 from laya.response import SystemOneResponse
-from laya.router import AUTO, ROLES, roles_of
+from laya.router import AUTO, by_role, roles_of
 from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
@@ -226,10 +226,7 @@ class Context:
 
         routes = routes_of() if request.state.inline else await run_in_threadpool(routes_of)
         out: list[SystemOneResponse | None] = [None] * len(states)
-        for role in ROLES:  # one model after the other: a request's states rarely need both
-            idx = [i for i, r in enumerate(routes) if r.model == role]
-            if not idx:
-                continue
+        for role, idx in by_role(routes):  # one model after the other: a request's states rarely need both
             name = roles[role]
             for i, result in zip(idx, await self.answer(request, name, [states[i] for i in idx], questions,
                                                         **options)):

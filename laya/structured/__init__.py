@@ -11,7 +11,7 @@ before any inference with a `SchemaError` naming the property's path.
 
 from laya.structured.gate import apply_gate, check_min_confidence
 from laya.structured.plan import Field, SchemaError, plan_schema, questions_of
-from laya.structured.values import DecisionResult, certain_answer, details, project
+from laya.structured.values import DecisionResult, certain_answer, details, project, settle
 
 __all__ = ["DecisionResult", "Field", "certain_answer", "SchemaError", "apply_gate", "check_min_confidence", "details",
-           "plan_schema", "project", "questions_of"]
+           "plan_schema", "project", "questions_of", "settle"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laya.calibration.confidence import entropy_confidence
+from laya.structured.gate import Threshold, apply_gate
 from laya.structured.plan import Field
 
 
@@ -45,6 +46,15 @@ def certain_answer(f: Field) -> dict[str, Any]:
     label = f.options[0][0]
     return {"type": "choice", "choice": label, "probabilities": {label: 1.0}, "confidence": 1.0,
             "x_answer_confidence": 1.0}
+
+
+def settle(response: dict[str, Any], fields: list[Field], threshold: Threshold | None) -> dict[str, Any]:
+    """A response to a schema's asked questions made the schema's answer: every field with one possible
+    value filled in, the gate applied (its answers marked in place), and the typed values projected."""
+    answers = response["answers"]
+    response["answers"] = {f.name: answers[f.name] if not f.certain else certain_answer(f) for f in fields}
+    apply_gate([response], threshold)
+    return project(response["answers"], fields)
 
 
 def _rounded(value: Any) -> float:
