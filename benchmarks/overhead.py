@@ -14,11 +14,17 @@ figure is also given as what it adds to the bare forward, the quantity the targe
 HTTP is measured from a lean client (`http.client`, one keep-alive connection), so the figure is the
 server's; the same from an `httpx.Client` is printed beside it, with what that client adds itself,
 and the same from a second server started with `--single-process` (the model in the server's own
-process), with what the engine process costs at p50 and p99.
+process), with what the engine process costs at p50 and p99. Beside them, the floor: the same client
+against `bare_asgi.py` (an ASGI app that only parses the body, keeps a thread busy for the forward's
+median and answers a few bytes) under the same uvicorn, so the stack's own cost is what it adds above
+that: what is left of the floor over the forward is the HTTP round trip and waking the event loop's
+code after a forward pass, which any Python server pays on this machine.
 
 Then the hop to the engine process: the engine's `prepare` + `execute` of the request in this process,
 and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
-The difference is one round trip over the pipe; half of it is one hop one way (target 0.3 ms).
+The difference is one round trip over the pipe; half of it is one hop one way (target 0.3 ms). Its
+floor is measured beside it: a pickled message of the request's size echoed by a spawned process over
+the same kind of `multiprocessing` pipe, with nothing done in between.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import statistics
 import subprocess
 import sys
@@ -110,7 +117,8 @@ def main() -> None:
               f"{args.threads} threads; {len(rows)} rows, {int(batch.attention_mask.sum())} tokens, padded to "
               f"{batch.input_ids.shape[1]} each: {flops / 1e6:.0f} MFLOP a forward")
 
-        servers = {"http": start_server(folder, args, []), "single": start_server(folder, args, ["--single-process"])}
+        servers = {"http": start_server(folder, args, []), "single": start_server(folder, args, ["--single-process"]),
+                   "bare": start_bare_server()}
         try:
             body = {"model": "enc", "state": STATE, "questions": QUESTIONS}
             raw = json.dumps(body).encode()
@@ -121,20 +129,24 @@ def main() -> None:
                     if response.status_code != 200:
                         raise SystemExit(f"HTTP {response.status_code}: {response.text[:500]}")
 
-                def poster(conn: HTTPConnection):
+                def poster(conn: HTTPConnection, headers: dict[str, str] | None = None):
+                    headers = {"content-type": "application/json", **(headers or {})}
+
                     def post_lean() -> None:
-                        conn.request("POST", "/v1/systemone", raw, {"content-type": "application/json"})
+                        conn.request("POST", "/v1/systemone", raw, headers)
                         response = conn.getresponse()
                         text = response.read()
                         if response.status != 200:
                             raise SystemExit(f"HTTP {response.status}: {text[:500]!r}")
                     return post_lean
 
+                work_ms = statistics.median(timed(lambda: model.runtime.forward(batch), 50))
                 # interleaved in rounds of 10 calls each, so drift of a shared machine touches them all alike
                 calls = {"forward": lambda: model.runtime.forward(batch),
                          "tiny": lambda: model.runtime.forward(tiny),
                          "predict": lambda: model.predict(STATE, QUESTIONS), "http": poster(lean["http"]),
-                         "httpx": post, "single": poster(lean["single"])}
+                         "httpx": post, "single": poster(lean["single"]),
+                         "bare": poster(lean["bare"], {"x-work-ms": f"{work_ms:.3f}"})}
                 times: dict[str, list[float]] = {name: [] for name in calls}
                 for call in calls.values():
                     timed(call, 0, warmup=20)
@@ -160,6 +172,14 @@ def main() -> None:
         print(line("  the same, serve --single-process", times["single"], f50)
               + f"   (the engine process costs +{statistics.median(http) - statistics.median(times['single']):.2f}"
               f" / +{float(np.percentile(http, 99) - np.percentile(times['single'], 99)):.2f} ms)")
+        floor = statistics.median(times["bare"]) - work_ms  # what HTTP costs any Python server around busy work
+        above = {name: statistics.median(times[name]) - f50 - floor for name in ("single", "http")}
+        print(line("  the floor: a bare ASGI app", times["bare"], work_ms)
+              + f"   (over its {work_ms:.2f} ms of busy work; the stack above the floor: +{above['single']:.2f} ms"
+              f" single-process, +{above['http']:.2f} ms with the engine process)")
+        f99 = float(np.percentile(forward, 99))
+        print(f"  p99 beside the forward's own p99 ({f99:.2f} ms): HTTP +{float(np.percentile(http, 99)) - f99:.2f} ms,"
+              f" single-process +{float(np.percentile(times['single'], 99)) - f99:.2f} ms")
         hop(folder, args, model)
 
 
@@ -175,6 +195,26 @@ def start_server(folder: Path, args: argparse.Namespace, extra: list[str]) -> tu
         log.seek(0)
         raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
     return server, port, log
+
+
+def start_bare_server() -> tuple[subprocess.Popen, int, Any]:
+    """`bare_asgi.py` under uvicorn with uvicorn's defaults, as `laya serve` runs it, ready."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by the caller
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "bare_asgi:app",
+                               "--port", str(port), "--log-level", "warning", "--no-access-log"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    if not wait_ready(f"http://127.0.0.1:{port}", server, 60):
+        server.kill()
+        log.seek(0)
+        raise SystemExit(f"the bare ASGI server did not start:\n{log.read()[-3000:]}")
+    return server, port, log
+
+
+def _echo(conn) -> None:
+    """The pipe floor's far end: send back what comes, unpickled and pickled again, until None."""
+    while (message := conn.recv()) is not None:
+        conn.send(message)
 
 
 def hop(folder: Path, args: argparse.Namespace, model) -> None:
@@ -197,7 +237,17 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
             else:
                 engine.execute([job])
 
-        calls = {"local": lambda: run(local), "remote": lambda: run(remote)}
+        ctx = multiprocessing.get_context("spawn")
+        near, far = ctx.Pipe(duplex=True)
+        echo = ctx.Process(target=_echo, args=(far,), daemon=True)
+        echo.start()
+        message = {"states": [STATE], "questions": QUESTIONS, "pad": "x" * 400}  # about a packed request's size
+
+        def echoed() -> None:
+            near.send(message)
+            near.recv()
+
+        calls = {"local": lambda: run(local), "remote": lambda: run(remote), "pipe": echoed}
         times: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
             timed(call, 0, warmup=20)
@@ -206,6 +256,8 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
                 time.sleep(0.05)
                 times[name] += timed(call, 10, warmup=1)
     finally:
+        near.send(None)
+        echo.join(10)
         remote.close()
         loop.close()
     l50 = statistics.median(times["local"])
@@ -213,6 +265,8 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
     print(line("the same in the engine process", times["remote"], l50))
     one_way = (statistics.median(times["remote"]) - l50) / 2
     print(f"  one hop, one way (half the p50 difference: a request is one round trip): {one_way:.3f} ms")
+    floor = statistics.median(times["pipe"]) / 2
+    print(f"  the floor: a bare pipe, one way (half a pickled echo's p50): {floor:.3f} ms")
 
 
 if __name__ == "__main__":

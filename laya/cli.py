@@ -151,6 +151,52 @@ def _overflow(args: argparse.Namespace):
     return args.overflow
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`laya plan`: what a request would take (rows, tokens, the state kept, the limits near or over,
+    the runtime), from the model here or from a running server (`--url`), with no forward pass.
+    Exit 1 when the request would be refused, so a script can check before it sends."""
+    if (args.model is None) == (args.url is None):
+        raise UsageError("give --model (plan with the model here) or --url (ask a running laya serve)")
+    questions = _json_arg(args.questions, "--questions")
+    state = _state_arg(args.state, args.state_json)
+    overflow = _overflow(args)
+    if args.url is not None:
+        out = _remote_plan(args, {"state": state, "questions": questions,
+                                  **({"tournament": args.tournament} if args.tournament is not None else {}),
+                                  **({"x_overflow": _overflow_body(overflow)} if overflow is not None else {})})
+    else:
+        out = _engine(args).plan([state], questions, limits=Limits(), tournament=args.tournament, overflow=overflow)
+    print(json.dumps(out, ensure_ascii=False, indent=2 if args.pretty else None))
+    return 1 if out.get("refused") else 0
+
+
+def _overflow_body(overflow: Any) -> Any:
+    """`--overflow` as a request body says it (`x_overflow`)."""
+    from laya.encoder.windows import Scan
+
+    if isinstance(overflow, Scan):
+        return {"scan": {**({"window": overflow.window} if overflow.window is not None else {}),
+                         **({"stride": overflow.stride} if overflow.stride is not None else {})}}
+    return overflow
+
+
+def _remote_plan(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    key = read_api_key(args.api_key_file)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.post(args.url.rstrip("/") + "/v1/systemone/plan", json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        raise LayaError(f"{args.url} cannot be reached: {exc}") from None
+    if r.status_code != 200:
+        from laya.jsonl import server_failure
+
+        error = server_failure(r)
+        raise LayaError(f"{args.url} answered {r.status_code} ({error['type']}): {error['message']}")
+    return r.json()
+
+
 def cmd_decide(args: argparse.Namespace) -> int:
     value = args.schema
     if not value.startswith("@") and not value.lstrip().startswith("{") and Path(value).expanduser().is_file():
@@ -601,6 +647,20 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
     predict.add_argument("--stride", type=int, metavar="N", help="with --overflow scan: tokens between windows")
     predict.set_defaults(func=cmd_predict)
+
+    pln = sub.add_parser("plan", help="what a request would take (rows, tokens, state kept, limits), no forward pass")
+    _model_args(pln, required=False)
+    pln.add_argument("--state", "-s", required=True, help="state text, or @file (@- for stdin)")
+    pln.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
+    pln.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
+    pln.add_argument("--url", help="ask this running laya serve (POST /v1/systemone/plan) instead of loading")
+    pln.add_argument("--api-key-file", metavar="PATH", help="with --url: the server's key (or LAYA_API_KEY)")
+    pln.add_argument("--tournament", type=int, metavar="G", help="as for predict")
+    pln.add_argument("--overflow", choices=["truncate", "keep_start", "keep_end", "scan"], help="as for predict")
+    pln.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
+    pln.add_argument("--stride", type=int, metavar="N", help="with --overflow scan: tokens between windows")
+    pln.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    pln.set_defaults(func=cmd_plan)
 
     decide = sub.add_parser("decide", help="decide the values of a JSON schema from a state and print them")
     _model_args(decide)

@@ -328,7 +328,7 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
             if r.status_code in (429, 503) and attempt < RETRIES - 1:
                 sleep(_retry_after(r.headers.get("retry-after"), attempt))
                 continue
-            return {"error": _server_failure(r)}
+            return {"error": server_failure(r)}
         return {"error": failure(503, "overloaded", "the server kept shedding this line")}
 
     def answer(lines: list[Line]) -> list[dict[str, Any]]:
@@ -347,7 +347,8 @@ def _retry_after(raw: str | None, attempt: int) -> float:
     return min(max(value, 0.0), MAX_RETRY_AFTER_S)
 
 
-def _server_failure(r: Any) -> dict[str, Any]:
+def server_failure(r: Any) -> dict[str, Any]:
+    """A running server's 4xx or 5xx answer (an httpx response) as one bounded error object."""
     try:
         body = r.json()
     except ValueError:

@@ -35,17 +35,27 @@ class Limits:
     max_tokens: int = 131072  # --max-request-tokens: tokens per request, counted as the rows are built
     max_decisions: int = 512  # --max-decisions: prompts scored per request on the decide engine
 
-    def check(self, what: str, got: int) -> None:
-        limit, flag = {
+    def bound(self, what: str) -> tuple[int, str]:
+        """The limit on `what` and the `laya serve` flag that sets it."""
+        return {
             "questions": (self.max_questions, "--max-questions"),
             "states": (self.max_states, "--max-states"),
             "rows": (self.max_rows, "--max-rows"),
             "tokens": (self.max_tokens, "--max-request-tokens"),
             "decisions": (self.max_decisions, "--max-decisions"),
         }[what]
+
+    def check(self, what: str, got: int) -> None:
+        limit, flag = self.bound(what)
         if got > limit:
             raise LimitExceeded(what, got, limit, flag)
 
+    def times(self, factor: int) -> Limits:
+        """Every limit `factor` times higher: what a plan counts to, so that it can say by how much a
+        request is over while its own work stays bounded."""
+        return Limits(max_questions=self.max_questions * factor, max_states=self.max_states * factor,
+                      max_rows=self.max_rows * factor, max_tokens=self.max_tokens * factor,
+                      max_decisions=self.max_decisions * factor)
 
 UNLIMITED = Limits(max_questions=1 << 62, max_states=1 << 62, max_rows=1 << 62, max_tokens=1 << 62,
                    max_decisions=1 << 62)

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from laya.agents.mcp import LOAD_DELAY_ENV, QID, choice_body, noul_body, score_body  # noqa: E402
 
 MCP = [sys.executable, "-m", "laya.cli", "mcp"]
-TOOLS = {"choice", "score", "noul", "predict", "decide", "models"}
+TOOLS = {"choice", "score", "noul", "predict", "decide", "plan", "models"}
 STATE = "Hi, I was charged twice for my subscription this month and I want the extra payment refunded."
 LEVELS = ["calm", "annoyed", "angry"]
 CHOICE = {"state": STATE, "question": "Which team should handle this message?",
@@ -48,7 +48,8 @@ SCHEMA = {"type": "object", "properties": {
     "urgency": {"type": "integer", "minimum": 1, "maximum": 3, "description": "How urgent, 1 to 3?"},
     "kind": {"const": "ticket"}}}
 CALLS = {"choice": ("choice", CHOICE), "score": ("score", SCORE), "scale": ("score", SCALE), "noul": ("noul", NOUL),
-         "predict": ("predict", {"request": REQUEST}), "decide": ("decide", {"state": STATE, "schema": SCHEMA})}
+         "predict": ("predict", {"request": REQUEST}), "decide": ("decide", {"state": STATE, "schema": SCHEMA}),
+         "plan": ("plan", {"request": REQUEST})}
 # bad calls, and the words their error must contain
 INVALID = {
     "option_type": ("predict", {"request": {"state": "x", "questions": {"q": {"type": "maybe"}}}}, "'maybe'"),
@@ -59,6 +60,7 @@ INVALID = {
     "bad_schema": ("decide", {"state": STATE, "schema": {"type": "array"}}, "invalid_schema"),
     "bad_scale": ("score", {**SCALE, "maximum": 40}, "2 to 10"),
     "unknown_model": ("predict", {"request": {**REQUEST, "model": "nope"}}, "nope"),
+    "plan_type": ("plan", {"request": {"state": "x", "questions": {"q": {"type": "maybe"}}}}, "'maybe'"),
 }
 TIMEOUT_S = 120
 
@@ -136,6 +138,14 @@ def check_against(transcript: dict[str, Any], predict: Callable[[dict], dict], d
                 assert_close(got, decide(args["state"], args["schema"]), key)
             assert got["values"]["kind"] == "ticket" and isinstance(got["values"]["refund"], bool)
             assert got["values"]["urgency"] in (1, 2, 3) and got["values"]["team"] in ("billing", "sales", "support")
+            continue
+        if tool == "plan":  # what the forward pass then uses: exactly, or at most where a prefix is reused
+            want = predict(args["request"])
+            assert got["object"] == "systemone.plan" and got["refused"] is None and got["rows"] == 3, key
+            assert got["input_tokens"] >= want["usage"]["input_tokens"], key
+            if got["input_tokens_exact"]:
+                assert got["input_tokens"] == want["usage"]["input_tokens"], key
+                assert got["states"][0]["state_tokens_kept"] == want["x_usage"]["state_tokens_kept"], key
             continue
         want = predict(body_of(tool, args))
         if tool == "predict":
@@ -380,7 +390,7 @@ def gguf_path() -> str:
 
 @pytest.fixture(scope="module")
 def gguf_run(gguf_path) -> dict[str, Any]:
-    calls = {k: CALLS[k] for k in ("choice", "noul", "decide")}
+    calls = {k: CALLS[k] for k in ("choice", "noul", "decide", "plan")}
 
     async def scenario() -> dict[str, Any]:
         async with Client(stdio("-m", gguf_path)) as client:
@@ -410,5 +420,8 @@ def test_a_gguf_answers_as_its_decide_engine_does(gguf_run, gguf_path):
     assert decided["values"]["kind"] == "ticket" and set(decided["values"]) == set(SCHEMA["properties"])
     (entry,) = result(gguf_run["models"])["models"]
     assert entry["engine"] == "decide" and entry["state"] == "ready"
+    planned = result(gguf_run["plan"])
+    assert planned["engine"] == "decide" and planned["runtime"] == "llama.cpp" and planned["refused"] is None
+    assert planned["states"][0]["decisions"] >= 3 and planned["states"][0]["context"] >= 2048
     for key in ("empty_options", "option_type", "missing_state"):
         assert gguf_run[key].is_error and INVALID[key][2] in gguf_run[key].content[0].text

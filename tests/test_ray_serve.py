@@ -183,6 +183,18 @@ def test_a_refusal_in_a_replica_keeps_its_type_and_fields(server, checkpoint_dir
     assert kind == "error" and type(exc).__name__ == "LimitExceeded" and exc.limit == 2 and exc.flag == "--max-rows"
 
 
+def test_a_plan_through_the_ingress_is_the_replicas_and_what_the_answer_uses(server, checkpoint_dir):
+    name = Path(checkpoint_dir).name
+    body = {"model": name, "state": STATE * 30, "questions": {"u": URGENT}}
+    planned = httpx.post(server.url + "/v1/systemone/plan", json=body, timeout=60)
+    assert planned.status_code == 200, planned.text
+    answered = httpx.post(server.url + "/v1/systemone", json=body, timeout=60).json()
+    plan = planned.json()
+    assert plan["model"] == name and plan["runtime"] == "torch" and plan["refused"] is None
+    assert plan["input_tokens"] == answered["usage"]["input_tokens"]
+    assert plan["states"][0]["state_tokens_kept"] == answered["x_usage"]["state_tokens_kept"]
+
+
 @dataclass
 class Load:
     """Steady load: `threads` clients each posting one request after another; every outcome recorded."""

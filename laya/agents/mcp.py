@@ -38,8 +38,9 @@ from pydantic import Field
 
 from laya.api import ApiError, parse_systemone, question_error
 from laya.errors import LayaError, QuestionError
-from laya.jsonl import Line, api_failure, failure, local_answer, remote_answer
+from laya.jsonl import Line, api_failure, failure, local_answer, remote_answer, server_failure
 from laya.limits import Limits
+from laya.plan import HEADROOM
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -146,10 +147,22 @@ class Backend(Protocol):
     async def respond(self, body: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
         """The System One response to a request body; a `ToolError` naming the problem otherwise."""
 
+    async def plan(self, body: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
+        """What the request would take (`laya.plan`), with no forward pass; a `ToolError` if invalid."""
+
     async def models(self) -> list[dict[str, Any]]: ...
 
     @property
     def name(self) -> str | None: ...
+
+
+def _parsed(body: dict[str, Any], limits: Limits, plan: bool = False) -> Any:
+    """The request validated as the server validates it (a plan's against its headroom), or the tool
+    error naming the problem."""
+    try:
+        return parse_systemone(body, limits=limits.times(HEADROOM) if plan else limits)
+    except ApiError as exc:
+        _raise_failure(api_failure(exc))
 
 
 @dataclass
@@ -180,6 +193,17 @@ class LocalBackend:
                     return {"error": failure(422, "invalid_request", str(exc))}
 
         return _outcome(await anyio.to_thread.run_sync(run))
+
+    async def plan(self, body: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
+        req = _parsed(body, self.limits, plan=True)
+        engine = await self.loader.wait(ctx)
+
+        def run() -> dict[str, Any]:
+            with self.lock:
+                return engine.plan([req.state], req.questions, limits=self.limits, reuse_prefix=req.reuse_prefix,
+                                   tournament=req.tournament, overflow=req.overflow)
+
+        return await anyio.to_thread.run_sync(run)
 
     async def models(self) -> list[dict[str, Any]]:
         loader, engine = self.loader, self.loader.engine
@@ -214,11 +238,22 @@ class RemoteBackend:
         return None
 
     async def respond(self, body: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
-        try:
-            parse_systemone(body, limits=self.limits)
-        except ApiError as exc:
-            _raise_failure(api_failure(exc))
+        _parsed(body, self.limits)
         return _outcome(await anyio.to_thread.run_sync(lambda: self.answer([Line(1, 1, body)])[0]))
+
+    async def plan(self, body: dict[str, Any], ctx: Context | None) -> dict[str, Any]:
+        import httpx
+
+        _parsed(body, self.limits, plan=True)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with httpx.AsyncClient(base_url=self.url.rstrip("/"), headers=headers, timeout=60) as client:
+                r = await client.post("/v1/systemone/plan", json=body)
+        except httpx.HTTPError as exc:
+            raise ToolError(f"unreachable: {self.url} cannot be reached: {exc}") from exc
+        if r.status_code != 200:
+            _raise_failure(server_failure(r))
+        return r.json()
 
     async def models(self) -> list[dict[str, Any]]:
         import httpx
@@ -412,12 +447,21 @@ def _tools(backend: Backend) -> list[Callable[..., Awaitable[Any]]]:
         `probabilities` and `confidence` per field, and the raw `answers`."""
         return await decide_values(backend, state, schema, min_confidence, ctx)
 
+    async def plan(request: Annotated[dict[str, Any], Field(
+                       description="A System One request body, as for predict")],
+                   ctx: Context | None = None) -> dict[str, Any]:
+        """What a request would take before running it: per question the rows and tokens (per option
+        too), how much of the state is kept and which end is dropped, which server limits it is near
+        or over, the refusal it would get, and the runtime that would answer. Nothing is computed by
+        the model: call it to check a large state or many options before predict."""
+        return await backend.plan(request, ctx)
+
     async def models() -> dict[str, Any]:
         """What this server answers with: each model's name, engine, and state ('loading', 'ready' or
         'failed', with the error). Tools called while a model loads wait for it, reporting progress."""
         return {"models": await backend.models()}
 
-    return [choice, score, noul, predict, decide, models]
+    return [choice, score, noul, predict, decide, plan, models]
 
 
 # --- HTTP: bearer auth in front of the SDK's streamable HTTP app -----------------------------------------

@@ -9,6 +9,7 @@ from laya.decide.model import DecideModel, Planned
 from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
+from laya.plan import HEADROOM, report
 from laya.questions import Question, Questions
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
@@ -42,6 +43,41 @@ class DecideEngine(InProcessEngine):
                                 error_type="invalid_overflow")
         states, parsed, planned = self.model.prepare(states, questions, limits=limits)
         return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
+
+    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
+             overflow: Any = None, **options: Any) -> dict[str, Any]:
+        """What `prepare` and the decisions would do with this request (`laya.plan`), prefilling
+        nothing. Its token figures are the prompts' whole length: at most what is read, since a
+        prompt whose prefix is kept from an earlier decision reads only the rest."""
+        figures = {"states": len(states), "questions": len(questions)}
+        describe = self.describe()
+        try:
+            job = self.prepare(states, questions, limits=limits.times(HEADROOM), overflow=overflow)
+        except QuestionError as exc:
+            return report(self.name, describe, limits, states=[], figures=figures, exact=False, refused=exc)
+        planned = [self._state_plan(p) for p in job.planned]
+        figures |= {"decisions": sum(s["decisions"] for s in planned),
+                    "tokens": sum(s["input_tokens"] for s in planned)}
+        refused = None
+        try:
+            limits.check("decisions", figures["decisions"])
+            limits.check("tokens", figures["tokens"])
+        except QuestionError as exc:
+            refused = exc
+        return report(self.name, describe, limits, states=planned, figures=figures, exact=False, refused=refused)
+
+    def _state_plan(self, planned: list[Planned]) -> dict[str, Any]:
+        questions = {}
+        for plan in planned:
+            q = plan.question
+            questions[q.qid] = {"type": q.qtype, "options": q.n_options, "decisions": len(plan.prompts),
+                                "prompt_tokens": [len(p.tokens) for p in plan.prompts],
+                                "prefix_tokens": [p.n_prefix for p in plan.prompts],
+                                "label_tokens": [[len(label) for label in p.labels] for p in plan.prompts]}
+        lengths = [n for entry in questions.values() for n in entry["prompt_tokens"]]
+        return {"input_tokens": sum(lengths), "rows": len(planned), "decisions": len(lengths),
+                "longest_prompt": max(lengths, default=0), "context": self.model.backend.n_ctx,
+                "state_tokens_dropped": 0, "dropped": None, "questions": questions}
 
     def rows(self, job: DecideJob) -> int:
         return len(job.states) * len(job.questions)

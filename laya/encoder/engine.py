@@ -7,9 +7,12 @@ from typing import Any
 
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
+from laya.encoder.plan import plan_states
 from laya.encoder.windows import Overflow
 from laya.engine import InProcessEngine
+from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
+from laya.plan import HEADROOM, report
 from laya.questions import Questions
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
@@ -30,11 +33,27 @@ class EncoderEngine(InProcessEngine):
         Past `deadline` (monotonic) the job stops between forward passes, as a cancelled one does."""
         prepared = self.model.prepare(states, questions, tournament=tournament, overflow=overflow, limits=limits)
         prepared.cancelled = StopFlag(deadline)
-        for rows, state in zip(prepared.rows, prepared.states):
-            check_budgets(len(state.ids), [r.head_tokens for r in rows])
-        limits.check("rows", prepared.n_rows)
-        limits.check("tokens", prepared.n_tokens)
+        _check(prepared, limits)
         return prepared
+
+    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
+             tournament: int | None = None, overflow: Overflow = None, **options: Any) -> dict[str, Any]:
+        """What `prepare` and the forward pass would do with this request (`laya.plan`), running nothing."""
+        figures = {"states": len(states), "questions": len(questions)}
+        describe = self.describe()
+        try:
+            job = self.model.prepare(states, questions, tournament=tournament, overflow=overflow,
+                                     limits=limits.times(HEADROOM))
+        except QuestionError as exc:
+            return report(self.name, describe, limits, states=[], figures=figures, exact=True, refused=exc)
+        figures |= {"rows": job.n_rows, "tokens": job.n_tokens}
+        planned, exact = plan_states(self.model, job)
+        refused = None
+        try:
+            _check(job, limits)
+        except QuestionError as exc:
+            refused = exc
+        return report(self.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
 
     def rows(self, job: Prepared) -> int:
         return job.n_rows
@@ -51,3 +70,12 @@ class EncoderEngine(InProcessEngine):
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed")
                              if k in gate}} if gate else {})}
+
+
+def _check(job: Prepared, limits: Limits) -> None:
+    """The refusals after the rows are built, in the order a request meets them: the API's token
+    budgets per state, then the server's limits on rows and tokens."""
+    for rows, state in zip(job.rows, job.states):
+        check_budgets(len(state.ids), [r.head_tokens for r in rows])
+    limits.check("rows", job.n_rows)
+    limits.check("tokens", job.n_tokens)

@@ -43,6 +43,23 @@ from laya.structured.gate import Threshold
 DEFAULT_MAX_BATCH_ROWS = 32
 
 
+def row_usage(questions: list[Question], rows_of: Mapping[str, list[Row]]) -> tuple[int, dict[str, Any]]:
+    """`input_tokens` and `x_usage` of one state from the rows each question took (in question order):
+    what an answer reports and what a plan foretells."""
+    every_row = [r for q in questions for r in rows_of[q.qid]]
+    usage: dict[str, Any] = {
+        "state_tokens": every_row[0].state_tokens,
+        "state_tokens_kept": min(r.state_tokens_kept for r in every_row),
+        "state_tokens_dropped": max(r.state_tokens_dropped for r in every_row),
+        "truncated_questions": [q.qid for q in questions if any(r.state_tokens_dropped for r in rows_of[q.qid])],
+        "rows": len(every_row),
+    }
+    if any(r.compacted for r in every_row):
+        usage["compacted"] = {q.qid: dict(rows_of[q.qid][0].compacted) for q in questions
+                              if rows_of[q.qid][0].compacted}
+    return int(sum(len(r.ids) for r in every_row)), usage
+
+
 def _read_whole(job: Prepared, responses: list[SystemOneResponse]) -> list[SystemOneResponse]:
     """A scanned job's responses, one per state of the request (its windows' answers made one)."""
     if job.windows is None or not responses:  # not scanned, or cancelled (no answers)
@@ -247,7 +264,6 @@ class Model:
         rows_of = dict(zip([q.qid for q in questions if q.qid not in tournaments], [[r] for r in rows]))
         for qid, game in tournaments.items():
             rows_of[qid] = game.rows
-        every_row = [r for q in questions for r in rows_of[q.qid]]
         for q in questions:
             if q.qid in tournaments:
                 played, z, a = tournaments[q.qid].tournament, tournaments[q.qid].logits, tournaments[q.qid].act
@@ -265,22 +281,8 @@ class Model:
                 answer.answer_confidence = apply_binning(answer.answer_confidence,
                                                          bucket_key(q.qtype, q.n_options), self.binning)
             answers[q.qid] = answer
-        return SystemOneResponse(
-            model=self.name,
-            answers=answers,
-            input_tokens=int(sum(len(r.ids) for r in every_row)),
-            x_usage={
-                "state_tokens": every_row[0].state_tokens,
-                "state_tokens_kept": min(r.state_tokens_kept for r in every_row),
-                "state_tokens_dropped": max(r.state_tokens_dropped for r in every_row),
-                "truncated_questions": [q.qid for q in questions
-                                        if any(r.state_tokens_dropped for r in rows_of[q.qid])],
-                "rows": len(every_row),
-                **({"compacted": {q.qid: dict(rows_of[q.qid][0].compacted) for q in questions
-                                  if rows_of[q.qid][0].compacted}}
-                   if any(r.compacted for r in every_row) else {}),
-            },
-        )
+        input_tokens, usage = row_usage(questions, rows_of)
+        return SystemOneResponse(model=self.name, answers=answers, input_tokens=input_tokens, x_usage=usage)
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
                       *, min_confidence: Threshold | None = None, overflow: Overflow = None) -> list[dict[str, Any]]:

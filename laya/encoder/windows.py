@@ -144,15 +144,22 @@ def aggregate(windows: Windows, responses: list[SystemOneResponse]) -> SystemOne
                                      "token_end": min(start + windows.size, windows.n_tokens),
                                      "count": len(per)}
         answers[qid] = answer
+    usage = merged_usage(windows, [r.x_usage or {} for r in responses], list(answers))
+    return SystemOneResponse(model=responses[0].model, answers=answers,
+                             input_tokens=sum(r.input_tokens for r in responses), x_usage=usage)
+
+
+def merged_usage(windows: Windows, usages: list[dict[str, Any]], qids: list[str]) -> dict[str, Any]:
+    """One state's `x_usage` from its windows' (in order): counts summed, the state's own tokens
+    counted once, the questions truncated in any window (in `qids` order). A plan reports the same."""
     usage: dict[str, Any] = {}
-    for r in responses:
-        for key, value in (r.x_usage or {}).items():
+    for one in usages:
+        for key, value in one.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             usage[key] = usage.get(key, 0) + value
-    truncated = {q for r in responses for q in (r.x_usage or {}).get("truncated_questions", [])}
-    usage["truncated_questions"] = [qid for qid in answers if qid in truncated]
-    usage["state_tokens"] = windows.n_tokens  # the state's own tokens, each counted once
-    usage["windows"] = len(responses)
-    return SystemOneResponse(model=responses[0].model, answers=answers,
-                             input_tokens=sum(r.input_tokens for r in responses), x_usage=usage)
+    truncated = {q for one in usages for q in one.get("truncated_questions", [])}
+    usage["truncated_questions"] = [qid for qid in qids if qid in truncated]
+    usage["state_tokens"] = windows.n_tokens
+    usage["windows"] = len(usages)
+    return usage

@@ -191,6 +191,14 @@ class ModelReplica:
         self.answered += 1
         return ("ok", results, asdict(timing))
 
+    async def plan(self, states: list[Any], questions: list[Question], limits: Limits,
+                   options: dict[str, Any]) -> tuple:
+        """`("ok", plan)` or `("error", exception)`, as `answer`: the request prepared here, not run."""
+        try:
+            return ("ok", await asyncio.to_thread(self.engine.plan, states, questions, limits=limits, **options))
+        except Exception as exc:  # noqa: BLE001
+            return ("error", portable(exc))
+
     def check_health(self) -> None:
         task = self._batcher._task if self._batcher is not None else None
         if task is not None and task.done():
@@ -240,6 +248,21 @@ class RayEngine:
 
     def rows(self, job: RayJob) -> int:
         return job.n_rows
+
+    def plan(self, states: list[Any], questions: list[Question], *, limits: Limits, **options: Any
+             ) -> dict[str, Any]:
+        """A replica's plan of the request. Blocking (the app calls it on a worker thread); none
+        answering within `wait_s`: `Unavailable`."""
+        try:
+            reply = self.handle.plan.remote(states, questions, limits, options).result(timeout_s=self.wait_s)
+        except TimeoutError:
+            raise Unavailable(f"no replica of {self.name} planned the request within {self.wait_s:g} s",
+                              self.retry_after_s) from None
+        except RayActorError:
+            raise Unavailable(f"the replicas of {self.name} went away under the request", self.retry_after_s) from None
+        if reply[0] == "error":
+            raise reply[1]
+        return reply[1]
 
     def warmup(self) -> None:
         """Each replica warmed up before it took traffic."""

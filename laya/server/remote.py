@@ -8,7 +8,8 @@ cannot take the interpreter away from inference.
 
 One round trip a request, over one duplex pipe of `(kind, id, payload)` messages: `run` carries the
 validated request (states, questions, limits, the seconds left before its deadline, options) and is
-answered by its results and timing, or by its refusal; `cancel` (no reply) sets the stop flag of a
+answered by its results and timing, or by its refusal; `plan` carries a request to be prepared and
+reported on, never run (`laya.plan`), answered by the plan; `cancel` (no reply) sets the stop flag of a
 request where it runs, so an abandoned request stops between forward passes there too. In the
 engine process one thread reads the pipe and prepares what it reads (a small request at once, a
 large one on a preparing thread), and the main thread runs what is prepared: an idle engine starts
@@ -39,6 +40,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -361,6 +363,24 @@ class RemoteEngine:
             link.forget(rid)
             raise
 
+    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
+             **options: Any) -> dict[str, Any]:
+        """The engine process's plan of the request (one `plan` round trip; it prepares, runs nothing).
+        Blocking: the server calls it on a worker thread."""
+        link = self._link_now()
+        rid = 0
+        try:
+            rid, future = link.expect()
+            link.send("plan", rid, (states, questions, limits, options))
+            return future.result(timeout=PLAN_TIMEOUT_S)
+        except EngineDied:
+            raise self._unavailable() from None
+        except FutureTimeout:
+            raise Unavailable(f"model {self.name} did not plan the request within {PLAN_TIMEOUT_S:g} s",
+                              self.retry_after()) from None
+        finally:
+            link.forget(rid)
+
     def warmup(self) -> None:
         """Warmed up in its own process before it said it was ready."""
 
@@ -422,6 +442,13 @@ def _serve_engine(conn, load, batching: Batching) -> None:
             return
         inbox.put(rid, job)
 
+    def plan(rid: int, payload: Any) -> None:
+        states, questions, limits, options = payload
+        try:
+            reply("ok", rid, engine.plan(states, questions, limits=limits, **options))
+        except Exception as exc:  # noqa: BLE001 - travels back as it is
+            reply("err", rid, portable(exc))
+
     def read() -> None:
         while True:
             try:
@@ -431,6 +458,9 @@ def _serve_engine(conn, load, batching: Batching) -> None:
                 return
             if kind == "cancel":
                 inbox.cancel(payload)
+                continue
+            if kind == "plan":  # prepared and reported, never queued for the forward pass
+                preparer.submit(plan, rid, payload)
                 continue
             inbox.expect(rid)
             if _small(payload[0]):
@@ -534,6 +564,7 @@ class _Inbox:
         return batch
 
 
+PLAN_TIMEOUT_S = 30.0  # a plan prepares at most four times a request's limits; this is a wedged process
 SMALL_PREPARE_CHARS = 4096  # a request whose states are this short is prepared as it is read
 
 

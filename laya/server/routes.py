@@ -32,6 +32,7 @@ from laya.api import (
 )
 from laya.errors import QuestionError
 from laya.limits import Limits
+from laya.plan import HEADROOM
 from laya.questions import Question
 from laya.response import SystemOneResponse
 from laya.router import AUTO, by_role, roles_of
@@ -91,16 +92,23 @@ class Context:
                               f"unknown model {name!r}; this server serves {', '.join(self.served.engines)}")
         return name
 
-    async def read_json(self, request: Request, batch: bool = False) -> SystemOneRequest:
-        """The validated request: media type, body and JSON checked, parsed off the event loop."""
+    async def read_json(self, request: Request, batch: bool = False, plan: bool = False) -> SystemOneRequest:
+        """The validated request: media type, body and JSON checked, parsed off the event loop. A
+        plan's body is a request's (`state`, or `states` as for /batch), counted against the limits
+        times `laya.plan.HEADROOM`, so that the plan can say by how much it is over."""
+        limits = self.config.limits.times(HEADROOM) if plan else self.config.limits
+
+        def many(body: Any) -> bool:
+            return batch or (plan and isinstance(body, dict) and "states" in body and "state" not in body)
 
         def validate(body: Any) -> SystemOneRequest:
+            request.state.many = many(body)
             if isinstance(body, dict):
-                check_size(body, batch, self.config.limits)  # counted before anything is walked or validated
+                check_size(body, many(body), limits)  # counted before anything is walked or validated
             return body
 
-        return await self.read_body(request, validate, lambda body: parse_systemone(body, batch=batch,
-                                                                                     limits=self.config.limits))
+        return await self.read_body(request, validate, lambda body: parse_systemone(body, batch=many(body),
+                                                                                     limits=limits))
 
     async def read_body(self, request: Request, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
         """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then
@@ -235,6 +243,59 @@ class Context:
         request.state.log.update(model=AUTO)
         return AUTO, out  # type: ignore[return-value]
 
+    async def plan(self, name: str, states: list[Any], questions: list[Question], options: dict[str, Any]
+                   ) -> dict[str, Any]:
+        """One served model's plan of the request, prepared on a worker thread (or in its engine process)."""
+        engine = self.served.engines[name]
+        try:
+            out = await run_in_threadpool(engine.plan, states, questions, limits=self.config.limits, **options)
+        except Unavailable as exc:
+            raise self.unavailable(name, exc) from exc
+        except QuestionError as exc:
+            raise question_error(exc) from exc
+        out["model"] = name
+        return out
+
+    async def plan_auto(self, request: Request, states: list[Any], questions: list[Question], lang: str | None,
+                        options: dict[str, Any]) -> dict[str, Any]:
+        """For "auto": each state planned on the model its route takes (as `answer_as` answers it), in
+        the request's order; a figure's worst over the models' plans is the request's."""
+        roles = roles_of(list(self.served.engines))
+        self.resolve(None)
+        if roles is None:
+            raise usage_error(404, "api_usage_error", "model 'auto' needs an English and a multilingual model; this "
+                                                      f"server serves {', '.join(self.served.engines)}")
+        from laya.routing import route
+
+        routes = await run_in_threadpool(lambda: [route(state, lang=lang) for state in states])
+        out_states: list[Any] = [None] * len(states)
+        plans = []
+        for role, idx in by_role(routes):
+            name = roles[role]
+            one = await self.plan(name, [states[i] for i in idx], questions, options)
+            plans.append(one)
+            for i, entry in zip(idx, one["states"]):
+                out_states[i] = {**entry, "routed_to": name, "route_reason": routes[i].reason}
+        return merge_plans(plans, out_states)
+
+
+def merge_plans(plans: list[dict[str, Any]], states: list[Any]) -> dict[str, Any]:
+    """One plan from the plans of a request's parts on several models: figures summed, each limit's
+    largest figure kept, the first refusal."""
+    limits: dict[str, Any] = {}
+    for one in plans:
+        for what, entry in one["limits"].items():
+            if what not in limits or entry["value"] > limits[what]["value"]:
+                limits[what] = entry
+    return {"object": "systemone.plan", "model": AUTO,
+            "models": {p["model"]: {k: p[k] for k in ("engine", "runtime", "precision")} for p in plans},
+            "rows": sum(p["rows"] for p in plans), "input_tokens": sum(p["input_tokens"] for p in plans),
+            "input_tokens_exact": all(p["input_tokens_exact"] for p in plans),
+            "states": [s for s in states if s is not None], "limits": limits,
+            "near": [w for w, e in limits.items() if e["status"] == "near"],
+            "over": [w for w, e in limits.items() if e["status"] == "over"],
+            "refused": next((p["refused"] for p in plans if p["refused"]), None)}
+
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
@@ -262,6 +323,20 @@ async def systemone_batch(request: Request):
     total = sum(r.input_tokens for r in results)
     return JSONResponse({"model": name, "results": [r.to_json() for r in results],
                          "total_usage": {"input_tokens": total, "output_tokens": 0}})
+
+
+async def systemone_plan(request: Request):
+    """What a request would take, before any forward pass: per state and question the rows and
+    tokens, the state kept and the end dropped, the limits it is near or over, the runtime."""
+    ctx: Context = request.app.state.context
+    ctx.check_auth(request)
+    req = await ctx.read_json(request, plan=True)
+    states = req.state if request.state.many else [req.state]
+    options = {"reuse_prefix": req.reuse_prefix, "tournament": req.tournament, "overflow": req.overflow}
+    if req.model == AUTO and AUTO not in ctx.served.engines:
+        return JSONResponse(await ctx.plan_auto(request, states, req.questions, req.lang, options))
+    name = ctx.resolve(req.model)
+    return JSONResponse(await ctx.plan(name, states, req.questions, options))
 
 
 async def models(request: Request):
@@ -337,6 +412,8 @@ def register(app: FastAPI, limits: Limits) -> None:
     app.add_api_route("/v1/systemone", systemone, methods=["POST"], openapi_extra=body(request_schema(limits)))
     app.add_api_route("/v1/systemone/batch", systemone_batch, methods=["POST"],
                       openapi_extra=body(request_schema(limits, batch=True)))
+    app.add_api_route("/v1/systemone/plan", systemone_plan, methods=["POST"],
+                      openapi_extra=body({"oneOf": [request_schema(limits), request_schema(limits, batch=True)]}))
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], openapi_extra=body(chat_schema()))
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
