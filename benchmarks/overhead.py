@@ -178,36 +178,32 @@ def main() -> None:
               + f"   (over its {work_ms:.2f} ms of busy work; the stack above the floor: +{above['single']:.2f} ms"
               f" single-process, +{above['http']:.2f} ms with the engine process)")
         f99 = float(np.percentile(forward, 99))
-        print(f"  p99 beside the forward's own p99 ({f99:.2f} ms): HTTP +{float(np.percentile(http, 99)) - f99:.2f} ms,"
-              f" single-process +{float(np.percentile(times['single'], 99)) - f99:.2f} ms")
+        print(f"  p99 beside the forward's own p99 ({f99:.2f} ms): HTTP {float(np.percentile(http, 99)) - f99:+.2f} ms,"
+              f" single-process {float(np.percentile(times['single'], 99)) - f99:+.2f} ms")
         hop(folder, args, model)
 
 
 def start_server(folder: Path, args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, int, Any]:
-    """`laya serve` of the checkpoint on a free loopback port, ready; its log is kept for a failure."""
-    port = free_port()
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by the caller
-    server = subprocess.Popen([sys.executable, "-m", "laya.cli", "serve", "--port", str(port), "-m", f"enc={folder}",
-                               "-r", args.runtime, "--threads", str(args.threads), *extra, *args.serve_args],
-                              stdout=log, stderr=subprocess.STDOUT)
-    if not wait_ready(f"http://127.0.0.1:{port}", server, 180):
-        server.kill()
-        log.seek(0)
-        raise SystemExit(f"the server did not become ready:\n{log.read()[-3000:]}")
-    return server, port, log
+    """`laya serve` of the checkpoint on a free loopback port, ready."""
+    return started(["-m", "laya.cli", "serve", "-m", f"enc={folder}", "-r", args.runtime, "--threads",
+                    str(args.threads), *extra, *args.serve_args], "the server", 180)
 
 
 def start_bare_server() -> tuple[subprocess.Popen, int, Any]:
     """`bare_asgi.py` under uvicorn with uvicorn's defaults, as `laya serve` runs it, ready."""
+    return started(["-m", "uvicorn", "--app-dir", str(HERE), "bare_asgi:app", "--log-level", "warning",
+                    "--no-access-log"], "the bare ASGI server", 60)
+
+
+def started(command: list[str], what: str, seconds: float) -> tuple[subprocess.Popen, int, Any]:
+    """`python COMMAND --port P` on a free loopback port, once /ready answers; its log is kept for a failure."""
     port = free_port()
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by the caller
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "bare_asgi:app",
-                               "--port", str(port), "--log-level", "warning", "--no-access-log"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    if not wait_ready(f"http://127.0.0.1:{port}", server, 60):
+    server = subprocess.Popen([sys.executable, *command, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    if not wait_ready(f"http://127.0.0.1:{port}", server, seconds):
         server.kill()
         log.seek(0)
-        raise SystemExit(f"the bare ASGI server did not start:\n{log.read()[-3000:]}")
+        raise SystemExit(f"{what} did not become ready:\n{log.read()[-3000:]}")
     return server, port, log
 
 
