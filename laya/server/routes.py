@@ -245,14 +245,23 @@ class Context:
 
     async def plan(self, name: str, states: list[Any], questions: list[Question], options: dict[str, Any]
                    ) -> dict[str, Any]:
-        """One served model's plan of the request, prepared on a worker thread (or in its engine process)."""
-        engine = self.served.engines[name]
+        """One served model's plan of the request, prepared on a worker thread (or in its engine process).
+        Its rows are admitted as a request's are while it is prepared: a flood of plans meets the
+        same 429 as a flood of requests, rather than the CPU the forward passes need."""
+        engine, batcher = self.served.engines[name], self.served.batchers[name]
+        rows = len(states) * len(questions)
+        try:
+            batcher.reserve(rows)
+        except Overloaded as exc:
+            raise self.overloaded(str(exc), exc.retry_after) from exc
         try:
             out = await run_in_threadpool(engine.plan, states, questions, limits=self.config.limits, **options)
         except Unavailable as exc:
             raise self.unavailable(name, exc) from exc
         except QuestionError as exc:
             raise question_error(exc) from exc
+        finally:
+            batcher.release(rows)
         out["model"] = name
         return out
 
