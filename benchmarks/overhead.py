@@ -175,8 +175,8 @@ def main() -> None:
         floor = statistics.median(times["bare"]) - work_ms  # what HTTP costs any Python server around busy work
         above = {name: statistics.median(times[name]) - f50 - floor for name in ("single", "http")}
         print(line("  the floor: a bare ASGI app", times["bare"], work_ms)
-              + f"   (over its {work_ms:.2f} ms of busy work; the stack above the floor: +{above['single']:.2f} ms"
-              f" single-process, +{above['http']:.2f} ms with the engine process)")
+              + f"   (over its {work_ms:.2f} ms of busy work; the stack above the floor: {above['single']:+.2f} ms"
+              f" single-process, {above['http']:+.2f} ms with the engine process)")
         f99 = float(np.percentile(forward, 99))
         print(f"  p99 beside the forward's own p99 ({f99:.2f} ms): HTTP {float(np.percentile(http, 99)) - f99:+.2f} ms,"
               f" single-process {float(np.percentile(times['single'], 99)) - f99:+.2f} ms")
