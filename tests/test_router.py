@@ -148,7 +148,23 @@ def test_auto_is_listed_and_the_chat_route_routes(served):
     assert r.json()["model"] == "auto" and r.json()["x_laya"]["x_routed_to"] == "multilingual"
 
 
+def test_a_plan_for_auto_plans_each_state_on_the_model_it_routes_to(served):
+    body = {"model": "auto", "states": [GERMAN, ENGLISH, JAPANESE], "questions": QUESTIONS}
+    planned = httpx.post(served.url + "/v1/systemone/plan", json=body)
+    assert planned.status_code == 200, planned.text
+    plan = planned.json()
+    answered = httpx.post(served.url + "/v1/systemone/batch", json=body).json()["results"]
+    assert plan["model"] == "auto" and set(plan["models"]) == {"english", "multilingual"}
+    assert [s["routed_to"] for s in plan["states"]] == [r["x_routed_to"] for r in answered]
+    assert [s["route_reason"] for s in plan["states"]] == [r["x_route_reason"] for r in answered]
+    assert [s["input_tokens"] for s in plan["states"]] == [r["usage"]["input_tokens"] for r in answered]
+    assert plan["input_tokens"] == sum(r["usage"]["input_tokens"] for r in answered) and plan["refused"] is None
+
+
 def test_auto_without_both_models_is_a_clear_404(english):
     with LiveServer(create_app(lambda: [EncoderEngine(english)], ServerConfig())) as live:
         r = httpx.post(live.url + "/v1/systemone", json={"model": "auto", "state": ENGLISH, "questions": QUESTIONS})
+        planned = httpx.post(live.url + "/v1/systemone/plan", json={"model": "auto", "state": ENGLISH,
+                                                                   "questions": QUESTIONS})
     assert r.status_code == 404 and "multilingual" in r.json()["detail"]["message"]
+    assert planned.status_code == 404 and "multilingual" in planned.json()["detail"]["message"]
