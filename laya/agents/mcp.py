@@ -1,7 +1,8 @@
 """`laya mcp`: the System One decisions as tools of a Model Context Protocol server (the official SDK).
 
-An agent reaches a model through six tools: `choice`, `score` and `noul` (one question each),
-`predict` (a whole System One request), `decide` (a JSON schema's typed values) and `models`.
+An agent reaches a model through seven tools: `choice`, `score` and `noul` (one question each),
+`predict` (a whole System One request), `decide` (a JSON schema's typed values), `plan` (what a
+request would take, before it runs: `laya.plan`) and `models`.
 Every request goes through the server's own validation (`laya.api.parse_systemone`) and limits
 (`laya.limits.Limits`), and is answered on the same paths as a JSONL run (`laya.jsonl`): here by an
 engine (`local_answer`), or, with `--url`, by a running `laya serve` (`remote_answer`). A request
@@ -372,7 +373,7 @@ does not know; pass min_confidence to get such answers marked x_low_confidence a
 
 
 def build_server(backend: Backend, *, name: str = "laya") -> MCPServer:
-    """The MCP server over `backend`, its six tools registered (nothing loads here: the backend's
+    """The MCP server over `backend`, its seven tools registered (nothing loads here: the backend's
     loader is started by whoever runs the server, or by the first call)."""
     server = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING")
     for tool in _tools(backend):
@@ -410,8 +411,9 @@ def _tools(backend: Backend) -> list[Callable[..., Awaitable[Any]]]:
         body = score_body(state, question, score_levels(levels, minimum, maximum), instructions)
         out = one_answer(await backend.respond(body, ctx), min_confidence)
         if minimum is not None and out.get("probabilities"):
-            p = out["probabilities"]
-            out["value"] = minimum + max(range(len(p)), key=lambda i: round(float(p.get(str(i), 0.0)), 4))
+            from laya.structured.values import score_level
+
+            out["value"] = minimum + score_level(out)
         return out
 
     async def noul(state: State, question: Annotated[str, Field(

@@ -61,6 +61,16 @@ def _rounded(value: Any) -> float:
     return round(float(value), 4)
 
 
+def score_level(answer: dict[str, Any]) -> int:
+    """A score answer's level (0-based): the most probable one, read at the four decimals the JSON
+    carries (so a tie in the printed figures goes to the lower level, whoever reads them), or the
+    rounded expectation when no probabilities came back."""
+    p = answer.get("probabilities") or {}
+    if p:
+        return max(range(len(p)), key=lambda i: _rounded(p.get(str(i), 0.0)))
+    return round(float(answer.get("score", 0.0)))
+
+
 def project(answers: dict[str, Any], fields: list[Field]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for f in fields:
@@ -72,12 +82,7 @@ def project(answers: dict[str, Any], fields: list[Field]) -> dict[str, Any]:
         elif f.kind == "noul":
             values[f.name] = _rounded(answer.get("noul", 0.0)) >= 0.5
         elif f.kind == "score":
-            p = answer.get("probabilities") or {}
-            if p:
-                level = max(range(len(p)), key=lambda i: _rounded(p.get(str(i), 0.0)))
-            else:
-                level = round(float(answer.get("score", 0.0)))
-            values[f.name] = f.minimum + level
+            values[f.name] = f.minimum + score_level(answer)
         else:
             label = str(answer.get("choice"))
             values[f.name] = next((value for text, value in f.options if text == label), label)
