@@ -24,7 +24,9 @@ Then the hop to the engine process: the engine's `prepare` + `execute` of the re
 and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
 The difference is one round trip over the pipe; half of it is one hop one way (target 0.3 ms). Its
 floor is measured beside it: a pickled message of the request's size echoed by a spawned process over
-the same kind of `multiprocessing` pipe, with nothing done in between.
+the same kind of `multiprocessing` pipe, with nothing done in between (warm), and the same with the far
+end busy for the forward's median before it answers, as the engine process is (cold: what the round
+trip costs once both sides have waited through a forward pass).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def timed(call, repeats: int, warmup: int = 20) -> list[float]:
 
 def line(name: str, ms: list[float], forward: float | None) -> str:
     p50, p99 = statistics.median(ms), float(np.percentile(ms, 99))
-    extra = "" if forward is None else f"   (+{p50 - forward:.2f} / +{p99 - forward:.2f} ms over the forward)"
+    extra = "" if forward is None else f"   ({p50 - forward:+.2f} / {p99 - forward:+.2f} ms over the forward)"
     return f"  {name:34s} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms{extra}"
 
 
@@ -208,8 +210,13 @@ def started(command: list[str], what: str, seconds: float) -> tuple[subprocess.P
 
 
 def _echo(conn) -> None:
-    """The pipe floor's far end: send back what comes, unpickled and pickled again, until None."""
+    """The pipe floor's far end: send back what comes, after keeping busy for the milliseconds it names
+    (as a forward pass would), until None."""
+    from bare_asgi import spin
+
     while (message := conn.recv()) is not None:
+        if message["busy_ms"]:
+            spin(message["busy_ms"])
         conn.send(message)
 
 
@@ -237,13 +244,17 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
         near, far = ctx.Pipe(duplex=True)
         echo = ctx.Process(target=_echo, args=(far,), daemon=True)
         echo.start()
+        busy_ms = statistics.median(timed(lambda: run(local), 30))
         message = {"states": [STATE], "questions": QUESTIONS, "pad": "x" * 400}  # about a packed request's size
 
-        def echoed() -> None:
-            near.send(message)
-            near.recv()
+        def echoed(busy: float):
+            def call() -> None:
+                near.send({**message, "busy_ms": busy})
+                near.recv()
+            return call
 
-        calls = {"local": lambda: run(local), "remote": lambda: run(remote), "pipe": echoed}
+        calls = {"local": lambda: run(local), "remote": lambda: run(remote), "pipe": echoed(0.0),
+                 "pipe_busy": echoed(busy_ms)}
         times: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
             timed(call, 0, warmup=20)
@@ -262,7 +273,9 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
     one_way = (statistics.median(times["remote"]) - l50) / 2
     print(f"  one hop, one way (half the p50 difference: a request is one round trip): {one_way:.3f} ms")
     floor = statistics.median(times["pipe"]) / 2
-    print(f"  the floor: a bare pipe, one way (half a pickled echo's p50): {floor:.3f} ms")
+    cold = (statistics.median(times["pipe_busy"]) - busy_ms) / 2
+    print(f"  the floor: a bare pipe, one way (half a pickled echo's p50): {floor:.3f} ms warm, {cold:.3f} ms"
+          f" when the far end was busy {busy_ms:.2f} ms first")
 
 
 if __name__ == "__main__":
