@@ -57,10 +57,29 @@ def report(name: str, describe: dict[str, Any], limits: Limits, *, states: list[
         "input_tokens_exact": exact,
         "states": states,
         "limits": checked,
-        "near": [what for what, c in checked.items() if c["status"] == "near"],
-        "over": [what for what, c in checked.items() if c["status"] == "over"],
+        **_statuses(checked),
         "refused": None,
     }
     if refused is not None:
         out["refused"] = refusal(refused)
     return out
+
+
+def _statuses(checked: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    return {status: [what for what, c in checked.items() if c["status"] == status] for status in ("near", "over")}
+
+
+def merged(model: str, plans: list[dict[str, Any]], states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One plan from the plans of a request's parts on several models (`model` "auto"): figures
+    summed, each limit's largest figure kept, the first refusal; `states` in the request's order."""
+    limits: dict[str, Any] = {}
+    for one in plans:
+        for what, entry in one["limits"].items():
+            if what not in limits or entry["value"] > limits[what]["value"]:
+                limits[what] = entry
+    return {"object": "systemone.plan", "model": model,
+            "models": {p["model"]: {k: p[k] for k in ("engine", "runtime", "precision")} for p in plans},
+            "rows": sum(p["rows"] for p in plans), "input_tokens": sum(p["input_tokens"] for p in plans),
+            "input_tokens_exact": all(p["input_tokens_exact"] for p in plans),
+            "states": states, "limits": limits, **_statuses(limits),
+            "refused": next((p["refused"] for p in plans if p["refused"]), None)}

@@ -22,7 +22,7 @@ from laya.encoder.batch import collate, padded_length
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
-from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem
+from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem, tournament_rows
 from laya.encoder.windows import OVERFLOWS, Overflow, Scan, Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.heads import decode
@@ -90,15 +90,8 @@ class Prepared:
     @property
     def tournament_rows(self) -> int:
         """Rows the tournaments take per state: every group of every round, and the final row."""
-        total = 0
-        for q in self.questions:
-            group = self.tournaments.get(q.qid)
-            n = q.n_options
-            while group and n > group:
-                n = -(-n // group)
-                total += n
-            total += 1 if group else 0
-        return total
+        return sum(tournament_rows(q.n_options, self.tournaments[q.qid]) for q in self.questions
+                   if self.tournaments.get(q.qid))
 
     @property
     def n_rows(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from laya.encoder.model import Model, Prepared, row_usage
 from laya.encoder.rows import Row, StateTokens, build_row
-from laya.encoder.tournament import groups_of, narrowed
+from laya.encoder.tournament import groups_of, narrowed, tournament_rows
 from laya.encoder.windows import merged_usage
 from laya.questions import Question
 
@@ -25,15 +25,6 @@ def tokens_per_option(row: Row) -> list[int]:
     [SEP] after the last option)."""
     ends = [*row.markers[1:], row.head_tokens - 1]
     return [end - start - 1 for start, end in zip(row.markers, ends)]
-
-
-def later_rounds(n_options: int, group: int) -> int:
-    """Rows of a tournament after its first round: the groups of every later round and the final row."""
-    n, rows = -(-n_options // group), 1
-    while n > group:
-        n = -(-n // group)
-        rows += n
-    return rows
 
 
 def _question(q: Question, rows: list[Row], later: int, max_len: int, group: int | None) -> dict[str, Any]:
@@ -66,7 +57,7 @@ def _one_state(model: Model, job: Prepared, rows: list[Row], state: StateTokens
         # the first round is known: its groups are the options in order
         rows_of[q.qid] = [build_row(model.tokenizer, part, model.head_of(part), state, model.max_len)
                           for part in (narrowed(q, g) for g in groups_of(list(range(q.n_options)), group))]
-        later[q.qid] = later_rounds(q.n_options, group)
+        later[q.qid] = tournament_rows(q.n_options, group) - len(rows_of[q.qid])
     tokens, usage = row_usage(job.questions, rows_of)
     extra = sum(later.values())
     usage["rows"] += extra
@@ -85,12 +76,12 @@ def plan_states(model: Model, job: Prepared) -> tuple[list[dict[str, Any]], bool
         exact &= known
         singles.append((tokens, usage, questions, state))
     reads = job.windows or [None] * len(singles)
+    qids = [q.qid for q in job.questions]
     out, at = [], 0
     for read in reads:
         count = read.count if read is not None else 1
         part, at = singles[at : at + count], at + count
         tokens = sum(p[0] for p in part)
-        qids = [q.qid for q in job.questions]
         usage = part[0][1] if read is None else merged_usage(read, [p[1] for p in part], qids)
         questions = part[0][2] if count == 1 else _summed([p[2] for p in part])
         dropped = usage["state_tokens_dropped"] > 0

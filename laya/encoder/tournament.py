@@ -34,6 +34,16 @@ def group_problem(value: object) -> str | None:
     return f"tournament must be a group size from {MIN_GROUP} to {MAX_GROUP}, got {str(value)[:40]!r}"
 
 
+def tournament_rows(n_options: int, group: int) -> int:
+    """Rows a tournament of `n_options` in groups of `group` takes: every group of every round, and
+    the final row."""
+    n, total = n_options, 1
+    while n > group:
+        n = -(-n // group)
+        total += n
+    return total
+
+
 def groups_of(indices: list[int], group: int) -> list[list[int]]:
     """`indices` cut in order into ceil(n / group) near-equal groups (upstream's cut)."""
     n = len(indices)

@@ -32,7 +32,7 @@ from laya.api import (
 )
 from laya.errors import QuestionError
 from laya.limits import Limits
-from laya.plan import HEADROOM
+from laya.plan import HEADROOM, merged
 from laya.questions import Question
 from laya.response import SystemOneResponse
 from laya.router import AUTO, by_role, roles_of
@@ -102,7 +102,8 @@ class Context:
             return batch or (plan and isinstance(body, dict) and "states" in body and "state" not in body)
 
         def validate(body: Any) -> SystemOneRequest:
-            request.state.many = many(body)
+            if plan:
+                request.state.many = many(body)
             if isinstance(body, dict):
                 check_size(body, many(body), limits)  # counted before anything is walked or validated
             return body
@@ -285,25 +286,8 @@ class Context:
             plans.append(one)
             for i, entry in zip(idx, one["states"]):
                 out_states[i] = {**entry, "routed_to": name, "route_reason": routes[i].reason}
-        return merge_plans(plans, out_states)
+        return merged(AUTO, plans, [s for s in out_states if s is not None])
 
-
-def merge_plans(plans: list[dict[str, Any]], states: list[Any]) -> dict[str, Any]:
-    """One plan from the plans of a request's parts on several models: figures summed, each limit's
-    largest figure kept, the first refusal."""
-    limits: dict[str, Any] = {}
-    for one in plans:
-        for what, entry in one["limits"].items():
-            if what not in limits or entry["value"] > limits[what]["value"]:
-                limits[what] = entry
-    return {"object": "systemone.plan", "model": AUTO,
-            "models": {p["model"]: {k: p[k] for k in ("engine", "runtime", "precision")} for p in plans},
-            "rows": sum(p["rows"] for p in plans), "input_tokens": sum(p["input_tokens"] for p in plans),
-            "input_tokens_exact": all(p["input_tokens_exact"] for p in plans),
-            "states": [s for s in states if s is not None], "limits": limits,
-            "near": [w for w, e in limits.items() if e["status"] == "near"],
-            "over": [w for w, e in limits.items() if e["status"] == "over"],
-            "refused": next((p["refused"] for p in plans if p["refused"]), None)}
 
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
