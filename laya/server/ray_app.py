@@ -256,13 +256,10 @@ class RayEngine:
         try:
             reply = self.handle.plan.remote(states, questions, limits, options).result(timeout_s=self.wait_s)
         except TimeoutError:
-            raise Unavailable(f"no replica of {self.name} planned the request within {self.wait_s:g} s",
-                              self.retry_after_s) from None
+            raise self._late("planned the request") from None
         except RayActorError:
-            raise Unavailable(f"the replicas of {self.name} went away under the request", self.retry_after_s) from None
-        if reply[0] == "error":
-            raise reply[1]
-        return reply[1]
+            raise self._gone() from None
+        return _answered(reply)[0]
 
     def warmup(self) -> None:
         """Each replica warmed up before it took traffic."""
@@ -293,17 +290,28 @@ class RayEngine:
                 raise
             except TimeoutError:
                 response.cancel()
-                raise Unavailable(f"no replica of {self.name} answered within {self.wait_s:g} s",
-                                  self.retry_after_s) from None
+                raise self._late("answered") from None
             except RayActorError as exc:
                 log.warning("a replica of %s died under a request (attempt %d): %s", self.name, attempt,
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 continue
-            if reply[0] == "error":
-                raise reply[1]
-            _, results, timing = reply
+            results, timing = _answered(reply)
             return results, Timing(**timing)
-        raise Unavailable(f"the replicas of {self.name} went away under the request", self.retry_after_s)
+        raise self._gone()
+
+    def _late(self, did: str) -> Unavailable:
+        """No replica did it within `wait_s`: the 503 with Retry-After, never a hang."""
+        return Unavailable(f"no replica of {self.name} {did} within {self.wait_s:g} s", self.retry_after_s)
+
+    def _gone(self) -> Unavailable:
+        return Unavailable(f"the replicas of {self.name} went away under the request", self.retry_after_s)
+
+
+def _answered(reply: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A replica's reply is ("error", refusal) or ("ok", *what it answered)."""
+    if reply[0] == "error":
+        raise reply[1]
+    return reply[1:]
 
 
 async def _result(response: Any) -> Any:

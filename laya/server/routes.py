@@ -213,6 +213,24 @@ class Context:
         return results
 
 
+    async def routed(self, request: Request, states: list[Any], lang: str | None
+                     ) -> tuple[dict[str, str], list[Any]]:
+        """For "auto": the served model of each role and each state's route (laya.router), or the 404
+        of a server that does not serve both an English and a multilingual model (503 while loading)."""
+        self.resolve(None)
+        roles = roles_of(list(self.served.engines))
+        if roles is None:
+            raise usage_error(404, "api_usage_error",
+                              "model 'auto' chooses between an English and a multilingual model, and this server "
+                              f"serves {', '.join(self.served.engines)}: serve both (laya serve -m laya -m "
+                              "laya-multilingual, or -m english=PATH -m multilingual=PATH)")
+        from laya.routing import route
+
+        def routes_of() -> list[Any]:
+            return [route(state, lang=lang) for state in states]  # each reads at most 4000 characters
+
+        return roles, (routes_of() if request.state.inline else await run_in_threadpool(routes_of))
+
     async def answer_as(self, request: Request, model: str | None, states: list[Any], questions: list[Question],
                         lang: str | None = None, **options: Any) -> tuple[str, list[SystemOneResponse]]:
         """`answer` by the model a request names, or, for "auto", each state by the model its script
@@ -220,20 +238,7 @@ class Context:
         if model != AUTO or AUTO in self.served.engines:
             name = self.resolve(model)
             return name, await self.answer(request, name, states, questions, **options)
-        self.resolve(None)  # 503 while loading
-        roles = roles_of(list(self.served.engines))
-        if roles is None:
-            raise usage_error(404, "api_usage_error",
-                              "model 'auto' chooses between an English and a multilingual model, and this server "
-                              f"serves {', '.join(self.served.engines)}: serve both (laya serve -m laya -m "
-                              "laya-multilingual, or -m english=PATH -m multilingual=PATH)")
-
-        from laya.routing import route
-
-        def routes_of() -> list[Any]:
-            return [route(state, lang=lang) for state in states]  # each reads at most 4000 characters
-
-        routes = routes_of() if request.state.inline else await run_in_threadpool(routes_of)
+        roles, routes = await self.routed(request, states, lang)
         out: list[SystemOneResponse | None] = [None] * len(states)
         for role, idx in by_role(routes):  # one model after the other: a request's states rarely need both
             name = roles[role]
@@ -270,14 +275,7 @@ class Context:
                         options: dict[str, Any]) -> dict[str, Any]:
         """For "auto": each state planned on the model its route takes (as `answer_as` answers it), in
         the request's order; a figure's worst over the models' plans is the request's."""
-        roles = roles_of(list(self.served.engines))
-        self.resolve(None)
-        if roles is None:
-            raise usage_error(404, "api_usage_error", "model 'auto' needs an English and a multilingual model; this "
-                                                      f"server serves {', '.join(self.served.engines)}")
-        from laya.routing import route
-
-        routes = await run_in_threadpool(lambda: [route(state, lang=lang) for state in states])
+        roles, routes = await self.routed(request, states, lang)
         out_states: list[Any] = [None] * len(states)
         plans = []
         for role, idx in by_role(routes):
