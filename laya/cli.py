@@ -134,7 +134,8 @@ def _engine(args: argparse.Namespace):
     if is_gguf(args.model):
         from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
-        return load_engine(ModelSpec(args.model), ServeOptions(engine_process=False, threads=args.threads))
+        return load_engine(ModelSpec.parse(args.model),
+                           ServeOptions(engine_process=False, threads=args.threads, readout=args.readout))
     from laya.encoder.engine import EncoderEngine
 
     return EncoderEngine(_load(args))
@@ -294,8 +295,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
-                           calibration=calibration_args(args.calibration, args.model), server=config,
-                           engine_process=not args.single_process, compact=args.compact)
+                           readout=args.readout, calibration=calibration_args(args.calibration, args.model),
+                           server=config, engine_process=not args.single_process, compact=args.compact)
     if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
               + ("" if api_key else " WITHOUT an API key"), file=sys.stderr)
@@ -472,8 +473,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                          "laya's own format")
     if is_gguf(args.model):
         from laya.decide.llama import open_gguf
+        from laya.engine import split_readout
 
-        model = open_gguf(args.model, n_ctx=args.n_ctx, threads=args.threads)
+        path, readout = split_readout(args.model)
+        model = open_gguf(path, n_ctx=args.n_ctx, threads=args.threads, readout=readout or args.readout)
         fingerprint, buckets = model.fingerprint, args.buckets == "on"
     else:
         model = _load(args)
@@ -601,6 +604,14 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+N_CTX_HELP = ("context of GGUF models in tokens (default: the context each was trained for, as far as 1 GiB of "
+              "key/value cache holds it)")
+READOUT_CHOICES = ("first-token", "answer-slot", "json-field", "letters")  # laya.decide.profiles.PROFILES
+READOUT_HELP = ("GGUF models: how the model is asked and read (default: what its metadata names, else first-token: "
+                "a chat model; answer-slot: a decider-trained model; json-field: pcdServer's JSON object; letters: "
+                "the option letter of a Hmm model)")
+
+
 def _model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--model", "-m", required=required, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
@@ -623,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     predict = sub.add_parser("predict", help="answer questions about a state (or a JSONL file of requests)")
     _model_args(predict, required=False)
+    predict.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP)
     predict.add_argument("--state", "-s", help="state text, or @file (@- for stdin)")
     predict.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
     predict.add_argument("--questions", "-q",
@@ -650,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pln = sub.add_parser("plan", help="what a request would take (rows, tokens, state kept, limits), no forward pass")
     _model_args(pln, required=False)
+    pln.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP)
     pln.add_argument("--state", "-s", required=True, help="state text, or @file (@- for stdin)")
     pln.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
     pln.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
@@ -703,7 +716,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-ongoing-requests", type=int, default=32,
                      help="Ray: requests a replica takes at once (its batcher coalesces them; default 32)")
     srv.add_argument("--threads", type=int, help="CPU threads per runtime")
-    srv.add_argument("--n-ctx", type=int, default=4096, help="context of GGUF models (decide engine)")
+    srv.add_argument("--n-ctx", type=int, default=None, help=N_CTX_HELP)
+    srv.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP + " (or -m NAME=PATH.gguf:READOUT)")
     srv.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",
                      help="decide engine: keep the model state after the prompt prefix")
     srv.add_argument("--calibration", action="append", metavar="[NAME=]PATH",
@@ -806,6 +820,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("model", help="checkpoint folder, registered name, Hub id, bundle, or chat .gguf file")
     cal.add_argument("data", help='JSONL: {"state", "questions", "labels": {qid: answer}} per line')
     cal.add_argument("--out", default="calibration.json", help="the calibration file to write")
+    cal.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP + "; a calibration is fitted on one")
     cal.add_argument("--report-dir", help="also write the report (JSON, text) and the two plots (PNG) here")
     cal.add_argument("--target-precision", type=float, help="choose an abstention threshold for this precision")
     cal.add_argument("--holdout", type=float, default=0.3, help="share of lines held out for the report")
@@ -825,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="answers a bucket needs for a binning map (upstream's default 200)")
     cal.add_argument("--runtime", "-r", help="runtime of a laya checkpoint")
     cal.add_argument("--threads", type=int)
-    cal.add_argument("--n-ctx", type=int, default=4096, help="context of a GGUF model")
+    cal.add_argument("--n-ctx", type=int, default=None, help=N_CTX_HELP)
     cal.add_argument("--revision")
     cal.add_argument("--subfolder")
     cal.add_argument("--sha256")
@@ -855,6 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = sub.add_parser("mcp", help="the decision tools for agents: an MCP server (stdio, or --http)")
     _model_args(mcp, required=False)
+    mcp.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP)
     mcp.add_argument("--http", action="store_true",
                      help="serve MCP over streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="with --http: address to bind (default 127.0.0.1)")

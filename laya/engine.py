@@ -90,6 +90,15 @@ class InProcessEngine:
 
 
 def is_gguf(source: str) -> bool:
-    """The rule: a `.gguf` file is a chat model for the decide engine; anything else names a laya
-    checkpoint (a folder, a bundle, a registry name, a Hub repository) for the encoder engine."""
-    return source.lower().endswith(".gguf")
+    """The rule: a `.gguf` file (`path.gguf`, or `path.gguf:READOUT` naming its readout profile) is a
+    chat model for the decide engine; anything else names a laya checkpoint (a folder, a bundle, a
+    registry name, a Hub repository) for the encoder engine."""
+    return split_readout(source)[0].lower().endswith(".gguf")
+
+
+def split_readout(source: str) -> tuple[str, str | None]:
+    """`path.gguf:READOUT` as (`path.gguf`, `READOUT`); anything else as (itself, None)."""
+    head, colon, readout = source.rpartition(":")
+    if colon and head.lower().endswith(".gguf") and readout and not any(c in readout for c in "/\\."):
+        return head, readout
+    return source, None

@@ -190,7 +190,7 @@ def test_readout_by_names_or_letters():
     assert read.labels == ("same one", "same two") and "- same one" in read.suffix
     many = parse_question("q", {"type": "choice", "criteria": [chr(0x41 + i) + "x" for i in range(40)]})
     assert len(model.readouts(many)[0].labels) == 40  # past 26 options: names still tell them apart
-    letters = DecideModel(ScriptedBackend(), "scripted", settings=DecideSettings(readout="letters"))
+    letters = DecideModel(ScriptedBackend(), "scripted", settings=DecideSettings(labels="letters"))
     assert letters.readouts(distinct)[0].labels == ("A", "B", "C")
 
 

@@ -45,9 +45,13 @@ def test_decide_answers_with_its_extras(server, model):
     assert again["answers"]["t"]["probabilities"] == t["probabilities"]
     other = httpx.post(server.url + "/v1/systemone", json={**body, "model": model.name}, timeout=60).json()
     assert other["model"] == model.name
-    models = [m["name"] for m in httpx.get(server.url + "/v1/models").json()["models"]]
-    assert models == ["tiny-chat", model.name, "jev-latest", "jev-preview"]
-    assert httpx.get(server.url + "/health").json()["models"]["tiny-chat"]["runtime"] == "llama.cpp"
+    listed = httpx.get(server.url + "/v1/models").json()["models"]
+    assert [m["name"] for m in listed] == ["tiny-chat", model.name, "jev-latest", "jev-preview"]
+    readout = {"name": "first-token", "calibrated": False, "from": "default"}
+    assert listed[0]["x_readout"] == readout and "x_readout" not in listed[1]  # a GGUF's readout, said
+    assert t["x_readout"] == readout
+    health = httpx.get(server.url + "/health").json()["models"]["tiny-chat"]
+    assert health["runtime"] == "llama.cpp" and health["readout"] == readout
 
 
 def test_options_sharing_first_tokens_are_answered_and_bad_fields_are_422(server):

@@ -20,6 +20,9 @@ class Evidence:
     # (option indices, logits over those options) per readout
     readouts: tuple[tuple[tuple[int, ...], np.ndarray], ...]
     act_probability: float | None = None
+    # each readout is a no/yes row about the one level its indices name (decider's isolated score):
+    # a level's probability is its row's P(yes), normalised over the levels
+    isolated: bool = False
 
     @classmethod
     def single(cls, qtype: str, logits: np.ndarray, act_probability: float | None = None) -> Evidence:
@@ -30,6 +33,12 @@ class Evidence:
         """softmax(logits / T) of each readout, placed on the options it reads and averaged."""
         from laya.heads.decode import probabilities
 
+        if self.isolated:
+            p = np.zeros(self.n_options)
+            for (level,), z in self.readouts:
+                p[level] = probabilities(z, temperature)[1]
+            total = p.sum()
+            return p / total if total > 0 else np.full(self.n_options, 1.0 / self.n_options)
         if len(self.readouts) == 1 and len(self.readouts[0][0]) == self.n_options:
             keys, z = self.readouts[0]
             p = np.empty(self.n_options)

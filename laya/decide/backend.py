@@ -28,8 +28,20 @@ class DecideBackend(Protocol):
         markup as the model wants them, the message itself as plain text, never control tokens."""
         ...
 
+    def chat_tokens(self, system: str, user: str, assistant: str = "") -> tuple[list[int], int]:
+        """The prompt for a system turn and one user message (assistant turn opened, reasoning off,
+        then `assistant`, the laya's own text it starts with, tokenised with the template's markup),
+        the turns as plain text; and how many tokens come before the user's message (the part that
+        depends on the system turn alone). Raises `CheckpointError` for a model without a chat
+        template that places both verbatim."""
+        ...
+
     def tokenize(self, text: str) -> list[int]:
         """A bare answer label as plain text: no BOS, no control tokens."""
+        ...
+
+    def token_texts(self) -> list[str]:
+        """Each token's text, by id (for readouts that read tokens by what they spell)."""
         ...
 
     def reset(self) -> None:

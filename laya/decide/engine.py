@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.decide.model import DecideModel, Planned
+from laya.decide.model import DecideModel, Planned, decisions
+from laya.encoder.tournament import group_problem, tournament_rows
 from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
@@ -34,14 +35,17 @@ class DecideEngine(InProcessEngine):
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
                 deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None,
                 overflow: Any = None) -> DecideJob:
-        """(`tournament` concerns the encoder engine, whose rows hold a bounded number of options.)
-        Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does.
-        A chat model reads the whole state or refuses it (413): it has no window to keep one end of."""
+        """Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does.
+        A chat model reads the whole state or refuses it (413): it has no window to keep one end of.
+        A choice whose prompt the context cannot hold is played as a tournament of groups that it can
+        (`tournament=G`: of G options, for every larger choice)."""
+        if (message := group_problem(tournament)) is not None:
+            raise QuestionError(message, error_type="invalid_tournament")
         if overflow is not None:
             raise QuestionError("x_overflow is for encoder models, whose row holds a bounded part of the state; "
                                 f"{self.name} reads the whole state (a 413 when its context cannot hold it)",
                                 error_type="invalid_overflow")
-        states, parsed, planned = self.model.prepare(states, questions, limits=limits)
+        states, parsed, planned = self.model.prepare(states, questions, limits=limits, tournament=tournament)
         return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
 
     def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
@@ -70,12 +74,19 @@ class DecideEngine(InProcessEngine):
         questions = {}
         for plan in planned:
             q = plan.question
-            questions[q.qid] = {"type": q.qtype, "options": q.n_options, "decisions": len(plan.prompts),
+            questions[q.qid] = {"type": q.qtype, "options": q.n_options, "decisions": decisions(plan),
                                 "prompt_tokens": [len(p.tokens) for p in plan.prompts],
                                 "prefix_tokens": [p.n_prefix for p in plan.prompts],
                                 "label_tokens": [[len(label) for label in p.labels] for p in plan.prompts]}
+            if plan.group:  # its groups' prompts are built round by round: at most the context each
+                questions[q.qid]["tournament"] = {"group": plan.group,
+                                                  "rows": tournament_rows(q.n_options, plan.group),
+                                                  "tokens_at_most": tournament_rows(q.n_options, plan.group)
+                                                  * self.model.backend.n_ctx}
         lengths = [n for entry in questions.values() for n in entry["prompt_tokens"]]
-        return {"input_tokens": sum(lengths), "rows": len(planned), "decisions": len(lengths),
+        bound = sum(entry["tournament"]["tokens_at_most"] for entry in questions.values() if "tournament" in entry)
+        return {"input_tokens": sum(lengths) + bound, "rows": len(planned),
+                "decisions": sum(entry["decisions"] for entry in questions.values()),
                 "longest_prompt": max(lengths, default=0), "context": self.model.backend.n_ctx,
                 "state_tokens_dropped": 0, "dropped": None, "questions": questions}
 
@@ -97,4 +108,5 @@ class DecideEngine(InProcessEngine):
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend
         return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf", "device": "cpu",
-                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy, **backend.describe()}
+                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy,
+                "readout": self.model.readout, **backend.describe()}

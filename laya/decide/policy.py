@@ -75,6 +75,9 @@ class Prompt:
     tokens: list[int]
     n_prefix: int
     labels: list[tuple[int, ...]]
+    # the letters readout: each option's letter tokens, read from the top tokens instead of `labels`
+    letters: tuple[tuple[int, ...], ...] | None = None
+    n_schema: int = 0  # leading prefix tokens that depend on the questions only (json-field's system turn)
 
 
 def tokenised(backend: DecideBackend, prefix: str, suffix: str, labels: list[str],
@@ -170,6 +173,20 @@ class Scores:
     outside_mass: float  # probability the model put on tokens that are none of the choices
 
 
+def letter_scores(root: np.ndarray, letters: tuple[tuple[int, ...], ...], top: int) -> Scores:
+    """slot's letters readout: an option's mass is that of every token among the `top` likeliest
+    whose trimmed text is its letter, renormalised over the options (log-masses returned, so the
+    softmax of `Evidence` renormalises). A letter outside the top tokens reads nothing; options none of
+    whose letters are there read as equally unlikely (the model did not answer with a letter)."""
+    k = min(top, len(root))
+    best = set(np.argpartition(-root, k - 1)[:k].tolist())
+    mass = np.array([sum(float(np.exp(root[t])) for t in ids if t in best) for ids in letters])
+    outside = float(max(0.0, 1.0 - mass.sum()))
+    # a letter with no mass reads 1e-30 of it (not log 0): the evidence stays finite
+    logp = np.zeros(len(letters)) if mass.sum() <= 0.0 else np.log(np.maximum(mass, 1e-30))
+    return Scores(logp=logp, probabilities=probabilities(logp, 1.0), outside_mass=outside)
+
+
 def score(root: np.ndarray, logp: np.ndarray, seqs: list[tuple[int, ...]], temperature: float = 1.0) -> Scores:
     """`root`: log-softmax after the prompt; `logp`: each label's log-probability (its tree path)."""
     firsts = sorted({seq[0] for seq in seqs})
@@ -186,12 +203,14 @@ class KeptPrefix:
 
 @dataclass
 class PrefixCache:
-    """One kept state: the latest prefix. Bounded in bytes; `auto` keeps it on a CPU backend,
-    where prefilling in two pieces costs about what the pieces cost together."""
+    """The kept states: the latest prefix, and the latest schema prefix (json-field's system turn,
+    which depends on the questions only and so outlives a state). Each bounded in bytes; `auto` keeps
+    them on a CPU backend, where prefilling in two pieces costs about what the pieces cost together."""
 
     policy: str = "auto"
     max_bytes: int = 512 * 1024 * 1024
     kept: KeptPrefix | None = None
+    schema: KeptPrefix | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -207,6 +226,11 @@ class PrefixCache:
         if kept is None or len(kept.tokens) > len(tokens) or tokens[: len(kept.tokens)] != kept.tokens:
             return None
         return kept
+
+    def match_schema(self, tokens: list[int]) -> KeptPrefix | None:
+        """The kept schema prefix if `tokens` are exactly it."""
+        schema = self.schema
+        return schema if schema is not None and schema.tokens == tokens else None
 
     def drop(self) -> None:
         self.kept = None
@@ -248,24 +272,25 @@ class Decider:
             report.prefill_ms += (time.perf_counter() - started) * 1000.0
             report.prefilled_tokens += len(tokens)
 
-    def _store(self, tokens: list[int], report: Report) -> None:
+    def _store(self, tokens: list[int], report: Report, schema: bool = False) -> None:
         started = time.perf_counter()
         state = self.backend.save_state()
         nbytes = self.backend.state_nbytes(state)
         report.store_ms += (time.perf_counter() - started) * 1000.0
-        if nbytes <= self.cache.max_bytes:
-            self.cache.kept = KeptPrefix(tokens=list(tokens), state=state, nbytes=nbytes)
-            report.stored_bytes = nbytes
+        kept = KeptPrefix(tokens=list(tokens), state=state, nbytes=nbytes) if nbytes <= self.cache.max_bytes else None
+        if schema:
+            self.cache.schema = kept
         else:
-            self.cache.drop()
+            self.cache.kept = kept
+        report.stored_bytes += nbytes if kept is not None else 0
 
     def decide(self, prefix: str, suffix: str, labels: list[str], *, temperature: float = 1.0,
                reuse_prefix: bool = True, tree_budget: int = 8) -> tuple[Scores, Report]:
         return self.run(tokenised(self.backend, prefix, suffix, labels), temperature=temperature,
                         reuse_prefix=reuse_prefix, tree_budget=tree_budget)
 
-    def run(self, prompt: Prompt, *, temperature: float = 1.0, reuse_prefix: bool = True, tree_budget: int = 8
-            ) -> tuple[Scores, Report]:
+    def run(self, prompt: Prompt, *, temperature: float = 1.0, reuse_prefix: bool = True, tree_budget: int = 8,
+            top: int = 100) -> tuple[Scores, Report]:
         """One decision over a prompt `tokenised` beforehand (its checks already passed)."""
         backend = self.backend
         full, n_prefix, seqs = prompt.tokens, prompt.n_prefix, prompt.labels
@@ -277,6 +302,8 @@ class Decider:
         else:
             prefix_tokens = full[:n_prefix]
             kept = self.cache.match(prefix_tokens)
+            if kept is None and prompt.n_schema:  # the same fields' system turn, over another state
+                kept = self.cache.match_schema(full[: prompt.n_schema])
             if kept is not None:
                 started = time.perf_counter()
                 backend.load_state(kept.state)
@@ -287,10 +314,15 @@ class Decider:
                     self._store(prefix_tokens, report)
             else:
                 backend.reset()
-                self._prefill(prefix_tokens, report)
+                if prompt.n_schema:
+                    self._prefill(prefix_tokens[: prompt.n_schema], report)
+                    self._store(prefix_tokens[: prompt.n_schema], report, schema=True)
+                self._prefill(prefix_tokens[prompt.n_schema :], report)
                 self._store(prefix_tokens, report)
             self._prefill(full[n_prefix:], report)
         root = log_softmax(backend.last_logits())
+        if prompt.letters is not None:
+            return letter_scores(root, prompt.letters, top), report
         tree = collision_tree(backend, seqs, root, budget=tree_budget)
         report.levels, report.tree_passes = tree.levels, tree.passes
         return score(root, tree.logp, seqs, temperature), report

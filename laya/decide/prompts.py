@@ -30,11 +30,14 @@ READOUTS = ("auto", "names", "letters")
 
 @dataclass(frozen=True)
 class Readout:
-    """One prompt suffix and its labels; `keys[i]` is the answer index label i stands for."""
+    """One prompt suffix and its labels; `keys[i]` is the answer index label i stands for. `pieces`,
+    when given, are the suffix cut where it is tokenised piece by piece (their concatenation is
+    `suffix`), as a raw layout that puts single letter tokens between its texts does."""
 
     suffix: str
     labels: tuple[str, ...]
     keys: tuple[int, ...]
+    pieces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

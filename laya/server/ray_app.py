@@ -61,8 +61,9 @@ class ModelConfig:
     threads: int = 1  # CPU threads per replica (also the CPUs a replica reserves, unless num_cpus says)
     calibration: str | None = None
     compact: bool = False
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # a GGUF's context (None: its trained one, as memory allows)
     prefix_cache: str = "auto"
+    readout: str | None = None  # a GGUF's readout profile (None: what its metadata names)
     num_replicas: int = 1
     autoscaling: dict[str, Any] | None = None  # Serve's autoscaling_config (scales on ongoing requests)
     max_ongoing_requests: int = 32  # per replica; more wait in the ingress's router
@@ -83,7 +84,7 @@ class ModelConfig:
                             calibration={"": self.calibration} if self.calibration else {})
 
     def spec(self) -> ModelSpec:
-        return ModelSpec(source=self.source, name=self.name)
+        return ModelSpec(source=self.source, name=self.name, readout=self.readout)
 
 
 @dataclass
@@ -467,7 +468,8 @@ def from_options(options: ServeOptions, *, replicas: int = 1, max_ongoing_reques
         models.append(ModelConfig(source=spec.source, name=spec.name, runtime=options.runtime,
                                   threads=options.threads or 1, calibration=options.calibration_for(spec),
                                   compact=options.compact,
-                                  n_ctx=options.n_ctx, prefix_cache=options.prefix_cache, num_replicas=replicas,
+                                  n_ctx=options.n_ctx, prefix_cache=options.prefix_cache,
+                                  readout=spec.readout or options.readout, num_replicas=replicas,
                                   autoscaling=autoscaling, max_ongoing_requests=max_ongoing_requests,
                                   max_wait_ms=options.server.max_wait_ms,
                                   max_batch_rows=options.server.max_batch_rows))

@@ -334,8 +334,12 @@ async def models(request: Request):
     """Served models and the jev aliases, in Jev's shape."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
-    out = [{"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
-           for n, e in ctx.served.engines.items()]
+    out = []
+    for n, e in ctx.served.engines.items():
+        entry = {"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
+        if (readout := e.describe().get("readout")) is not None:  # a GGUF's readout profile
+            entry["x_readout"] = readout
+        out.append(entry)
     if ctx.served.default:
         out += [{"name": alias, "description": f"alias of {ctx.served.default}",
                  "release_date": ctx.served.engines[ctx.served.default].release_date or "2026-01-01"}

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laya.engine import is_gguf
+from laya.engine import is_gguf, split_readout
 from laya.errors import LayaError
 from laya.server.app import ServerConfig, create_app
 
@@ -29,17 +29,23 @@ log = logging.getLogger("laya.server")
 
 @dataclass
 class ModelSpec:
-    """`--model [NAME=]PATH_OR_ID`."""
+    """`--model [NAME=]PATH_OR_ID[:READOUT]` (a readout profile after a `.gguf`)."""
 
     source: str
     name: str | None = None
+    readout: str | None = None  # a GGUF's readout profile (laya.decide.profiles); None: its metadata's
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
         name, sep, source = text.partition("=")
-        if sep and name and "/" not in name and os.sep not in name:
-            return cls(source=source, name=name)
-        return cls(source=text)
+        if not (sep and name and "/" not in name and os.sep not in name):
+            name, source = None, text
+        path, readout = split_readout(source)
+        if readout is not None:
+            from laya.decide.metadata import profile_name
+
+            return cls(source=path, name=name, readout=profile_name(readout, f"--model {text[:200]}"))
+        return cls(source=source, name=name)
 
 
 @dataclass
@@ -47,7 +53,8 @@ class ServeOptions:
     models: list[ModelSpec] = field(default_factory=list)
     runtime: str | None = None  # laya checkpoints: torch unless told (a bundle picks its own)
     threads: int | None = None
-    n_ctx: int = 4096  # decide engine context
+    n_ctx: int | None = None  # decide engine context (None: the model's trained one, as memory allows)
+    readout: str | None = None  # decide engine: the readout of every GGUF given without one (else its metadata's)
     prefix_cache: str = "auto"  # decide engine kept state: auto | on | off
     # `--calibration [NAME=]PATH`: by model name; the key "" applies to a model given without a name
     calibration: dict[str, str] = field(default_factory=dict)
@@ -82,8 +89,9 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
         from laya.decide.llama import open_gguf
 
         model = open_gguf(spec.source, name=spec.name, n_ctx=options.n_ctx, threads=options.threads,
-                          prefix_cache=options.prefix_cache, calibration=calibration)
-        return DecideEngine(model, description=f"{Path(spec.source).name} read by first-token scoring")
+                          prefix_cache=options.prefix_cache, calibration=calibration,
+                          readout=spec.readout or options.readout)
+        return DecideEngine(model, description=f"{Path(spec.source).name} read by its {model.profile.name} readout")
 
     import laya
     from laya.encoder.engine import EncoderEngine
