@@ -210,6 +210,47 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`laya eval DATA -m METHOD ...`: every method over the same labelled states, side by side."""
+    from laya import evaluation
+    from laya.calibration.data import read_records
+
+    records = read_records(args.data)  # every line checked before any model loads
+    methods = [evaluation.parse_method(m) for m in args.method]
+    if len({m.spec for m in methods}) != len(methods):
+        raise UsageError("a method is named twice")
+    if not 0 < args.target_precision <= 1:
+        raise UsageError("--target-precision must be in (0, 1]")
+    baseline = None
+    if args.baseline is not None:
+        try:
+            baseline = json.loads(Path(args.baseline).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--baseline {args.baseline}: not a readable report ({exc})") from exc
+    work = Path(args.work or (Path(args.json).with_suffix(".work") if args.json else ".laya-eval"))
+    key = read_api_key(args.api_key_file) if any(m.remote for m in methods) else None
+    results = {}
+    for method in methods:
+        if not args.no_progress:
+            print(f"laya: {method.spec}", file=sys.stderr)
+        results[method.spec] = evaluation.run_method(method, records, work, concurrency=args.concurrency,
+                                                     api_key=key, threads=args.threads,
+                                                     progress=not args.no_progress)
+    rep = evaluation.report(records, results, data=args.data, precision=args.target_precision)
+    print(evaluation.markdown(rep))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if args.plot:
+        evaluation.plot(rep, args.plot)
+    if baseline is not None:
+        dropped = evaluation.regressions(rep, baseline, args.max_drop)
+        for line in dropped:
+            print(f"laya: regression: {line}", file=sys.stderr)
+        if dropped:
+            return 1
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     model = _load(args)
     info = model.info()
@@ -692,6 +733,25 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(info)
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
+
+    ev = sub.add_parser("eval", help="the benchmark of methods: several models (and readouts, runtimes, servers) "
+                                     "over the same labelled states")
+    ev.add_argument("data", help='JSONL: {"state", "questions", "labels": {qid: answer}, "tags"?, "lang"?} per line')
+    ev.add_argument("--method", "-m", action="append", required=True,
+                    help="checkpoint[:RUNTIME], chat.gguf[:READOUT], or a System One URL[#model=NAME]; repeat")
+    ev.add_argument("--json", metavar="FILE", help="also write the figures as JSON (a later run's --baseline)")
+    ev.add_argument("--plot", metavar="FILE.png", help="accuracy against ms per query, one point per method")
+    ev.add_argument("--work", metavar="DIR", help="where each method's answers are kept, so a run resumes "
+                                                 "(default: beside --json, else .laya-eval)")
+    ev.add_argument("--baseline", metavar="REPORT.json", help="exit 1 if a method fell by more than --max-drop")
+    ev.add_argument("--max-drop", type=float, default=0.02, help="accuracy (or all-right rate) a method may lose")
+    ev.add_argument("--target-precision", type=float, default=0.9,
+                    help="the precision the coverage figure keeps (the abstention it would buy)")
+    ev.add_argument("--concurrency", type=int, default=1, help="requests in flight to a URL (local: one at a time)")
+    ev.add_argument("--api-key-file", metavar="PATH", help="the URL's key (or LAYA_API_KEY)")
+    ev.add_argument("--threads", type=int, help="CPU threads of local models")
+    ev.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    ev.set_defaults(func=cmd_eval)
 
     srv = sub.add_parser("serve", help="serve /v1/systemone over HTTP")
     srv.add_argument("--model", "-m", action="append", default=[],

@@ -294,9 +294,10 @@ def _response(engine: Any, results: list[Any]) -> dict[str, Any]:
 
 
 def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s: float = 120.0,
-                  sleep: Callable[[float], None] = time.sleep) -> Answer:
+                  sleep: Callable[[float], None] = time.sleep, timed: bool = False) -> Answer:
     """Lines sent to a running `laya serve` (`/v1/systemone`), at most `concurrency` at once; a
-    429 or 503 is retried after its `Retry-After`, a 4xx is the line's error as the server words it."""
+    429 or 503 is retried after its `Retry-After`, a 4xx is the line's error as the server words it.
+    `timed`: an answer also gives the milliseconds of the request that answered it (`ms`)."""
     import httpx
 
     if concurrency < 1:
@@ -314,6 +315,7 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
             with lock:
                 if unreachable:
                     return {"error": failure(503, "unreachable", unreachable[0])}
+            started = time.perf_counter()
             try:
                 r = client.post("/v1/systemone", json=line.body)
             except httpx.HTTPError as exc:
@@ -324,7 +326,7 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
                 sleep(min(2.0 ** attempt * 0.25, MAX_RETRY_AFTER_S))
                 continue
             if r.status_code == 200:
-                return {"response": r.json()}
+                return {"response": r.json(), **({"ms": (time.perf_counter() - started) * 1000.0} if timed else {})}
             if r.status_code in (429, 503) and attempt < RETRIES - 1:
                 sleep(_retry_after(r.headers.get("retry-after"), attempt))
                 continue

@@ -35,6 +35,8 @@ class Record:
     parsed: list[Question]
     labels: dict[str, int]  # qid -> index of the right option
     soft: dict[str, tuple[float, ...]] = field(default_factory=dict)  # qid -> gold distribution, when given
+    tags: tuple[str, ...] = ()  # "tags": what `laya eval` slices its figures by
+    lang: str | None = None  # "lang": the state's language, another slice
 
 
 def label_index(q: Question, value: Any) -> int:
@@ -109,7 +111,12 @@ def read_records(path: str | os.PathLike) -> list[Record]:
                     indices[qid] = label_index(by_id[qid], value)
             except ValueError as exc:
                 raise DataError(f"{at}: question {qid!r}: {exc}") from exc
-        records.append(Record(number, data["state"], data["questions"], parsed, indices, soft))
+        tags, lang = data.get("tags", []), data.get("lang")
+        if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in tags):
+            raise DataError(f"{at}: \"tags\" must be a list of short strings")
+        if lang is not None and not (isinstance(lang, str) and 0 < len(lang) <= 35):
+            raise DataError(f"{at}: \"lang\" must be a language tag such as \"en\"")
+        records.append(Record(number, data["state"], data["questions"], parsed, indices, soft, tuple(tags), lang))
     if not records:
         raise DataError(f"{where}: no labelled decisions in the file")
     return records
