@@ -135,7 +135,8 @@ def _engine(args: argparse.Namespace):
         from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
         return load_engine(ModelSpec.parse(args.model),
-                           ServeOptions(engine_process=False, threads=args.threads, readout=args.readout))
+                           ServeOptions(engine_process=False, threads=args.threads, readout=args.readout,
+                                        decide_probe=getattr(args, "decide_probe", None)))
     from laya.encoder.engine import EncoderEngine
 
     return EncoderEngine(_load(args))
@@ -227,6 +228,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             baseline = json.loads(Path(args.baseline).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--baseline {args.baseline}: not a readable report ({exc})") from exc
+    if args.lens and all(m.remote or is_gguf(m.source) for m in methods):
+        raise UsageError("--lens reads laya checkpoints, and no method is one (--decide-probe FILE reads a GGUF's)")
     work = Path(args.work or (Path(args.json).with_suffix(".work") if args.json else ".laya-eval"))
     key = read_api_key(args.api_key_file) if any(m.remote for m in methods) else None
     results = {}
@@ -235,20 +238,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"laya: {method.spec}", file=sys.stderr)
         results[method.spec] = evaluation.run_method(method, records, work, concurrency=args.concurrency,
                                                      api_key=key, threads=args.threads,
-                                                     progress=not args.no_progress)
+                                                     progress=not args.no_progress, decide_probe=args.decide_probe)
     rep = evaluation.report(records, results, data=args.data, precision=args.target_precision)
+    if args.lens:
+        for method in methods:
+            if not (method.remote or is_gguf(method.source)):
+                found = evaluation.lens(method, records, args.lens, threads=args.threads)
+                rep["methods"][method.spec]["lens"] = found
+                print(f"laya: {method.spec}: answers settle at layer {found['settles_at_mean']:.2f} of "
+                      f"{found['layers']} on average ({found['answers']} answers; {args.lens})", file=sys.stderr)
     print(evaluation.markdown(rep))
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if args.plot:
         evaluation.plot(rep, args.plot)
+    silent = [spec for spec, f in rep["methods"].items() if f["answered"] == 0]
+    for spec in silent:
+        print(f"laya: {spec} answered none of the {len(records)} states (see {work})", file=sys.stderr)
     if baseline is not None:
         dropped = evaluation.regressions(rep, baseline, args.max_drop)
         for line in dropped:
             print(f"laya: regression: {line}", file=sys.stderr)
         if dropped:
             return 1
-    return 0
+    return 1 if silent else 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -336,7 +349,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
-                           readout=args.readout, calibration=calibration_args(args.calibration, args.model),
+                           readout=args.readout, decide_probe=args.decide_probe,
+                           calibration=calibration_args(args.calibration, args.model),
                            server=config, engine_process=not args.single_process, compact=args.compact)
     if args.host not in LOOPBACK_BINDS:
         print(f"laya: warning: listening on {args.host}, reachable from other machines"
@@ -645,6 +659,8 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+PROBE_HELP = ("GGUF models: append one JSON line per decision to FILE, with its per-layer logit lens (the choice "
+              "logits read from each layer's last-token state; diagnostic: doubles each prefill)")
 N_CTX_HELP = ("context of GGUF models in tokens (default: the context each was trained for, as far as 1 GiB of "
               "key/value cache holds it)")
 READOUT_CHOICES = ("first-token", "answer-slot", "json-field", "letters")  # laya.decide.profiles.PROFILES
@@ -676,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="answer questions about a state (or a JSONL file of requests)")
     _model_args(predict, required=False)
     predict.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP)
+    predict.add_argument("--decide-probe", metavar="FILE", help=PROBE_HELP)
     predict.add_argument("--state", "-s", help="state text, or @file (@- for stdin)")
     predict.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
     predict.add_argument("--questions", "-q",
@@ -750,6 +767,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=1, help="requests in flight to a URL (local: one at a time)")
     ev.add_argument("--api-key-file", metavar="PATH", help="the URL's key (or LAYA_API_KEY)")
     ev.add_argument("--threads", type=int, help="CPU threads of local models")
+    ev.add_argument("--decide-probe", metavar="FILE", help=PROBE_HELP)
+    ev.add_argument("--lens", metavar="FILE", help="laya checkpoints: append each answer's per-layer lens to FILE "
+                                                   "(the head applied to every encoder layer's states) and print "
+                                                   "the layer at which answers settle")
     ev.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ev.set_defaults(func=cmd_eval)
 
@@ -778,6 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--threads", type=int, help="CPU threads per runtime")
     srv.add_argument("--n-ctx", type=int, default=None, help=N_CTX_HELP)
     srv.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP + " (or -m NAME=PATH.gguf:READOUT)")
+    srv.add_argument("--decide-probe", metavar="FILE", help=PROBE_HELP)
     srv.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",
                      help="decide engine: keep the model state after the prompt prefix")
     srv.add_argument("--calibration", action="append", metavar="[NAME=]PATH",

@@ -78,10 +78,11 @@ def parse_method(spec: str) -> Method:
     return Method(spec, spec)
 
 
-def _engine(method: Method, threads: int | None) -> Any:
+def _engine(method: Method, threads: int | None, decide_probe: str | None = None) -> Any:
     from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
-    options = ServeOptions(engine_process=False, threads=threads, runtime=method.runtime, readout=method.readout)
+    options = ServeOptions(engine_process=False, threads=threads, runtime=method.runtime, readout=method.readout,
+                           decide_probe=decide_probe)
     return load_engine(ModelSpec(method.source, readout=method.readout), options)
 
 
@@ -112,8 +113,10 @@ def timed(answer: jsonl.Answer) -> jsonl.Answer:
 
 
 def run_method(method: Method, records: Sequence[Record], work: Path, *, concurrency: int = 1,
-               api_key: str | None = None, threads: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """The method's outcome for every record (by `key_of`), asking only those not in its work file."""
+               api_key: str | None = None, threads: int | None = None, progress: bool = True,
+               decide_probe: str | None = None) -> dict[str, Any]:
+    """The method's outcome for every record (by `key_of`), asking only those not in its work file
+    (`decide_probe`: a GGUF's decisions' lens lines go to that file)."""
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise LayaError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
     work.mkdir(parents=True, exist_ok=True)
@@ -126,7 +129,7 @@ def run_method(method: Method, records: Sequence[Record], work: Path, *, concurr
             answer = jsonl.remote_answer(method.source, api_key, concurrency, timed=True)
             chunk = concurrency
         else:
-            answer, chunk = jsonl.local_answer(_engine(method, threads)), 1
+            answer, chunk = jsonl.local_answer(_engine(method, threads, decide_probe)), 1
         try:
             jsonl.run(_lines(todo, method.model), out, timed(answer), total=len(todo), chunk=chunk, progress=progress)
         finally:
@@ -274,3 +277,26 @@ def plot(rep: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def lens(method: Method, records: Sequence[Record], path: str | Path, threads: int | None = None) -> dict[str, Any]:
+    """The encoder lens of a local laya checkpoint over the records (`laya.encoder.lens`): one JSON line
+    per answered question appended to `path`, and where the answers settle."""
+    from laya.encoder.lens import layer_probabilities, settles_at
+
+    if method.remote or method.readout is not None or method.source.lower().endswith(".gguf"):
+        raise LayaError(f"--lens reads laya checkpoints; {method.spec} is not one (--decide-probe reads a GGUF's)")
+    model = _engine(method, threads).model
+    settled = []
+    with open(path, "a", encoding="utf-8") as out:
+        for record in records:
+            for qid, layers in layer_probabilities(model, record.state, record.questions).items():
+                at = settles_at(layers)
+                settled.append(at)
+                out.write(json.dumps({"method": method.spec, "line": record.line, "question": qid,
+                                      "settles_at": at, "layers": layers}) + "\n")
+    n_layers = model.checkpoint.encoder.num_hidden_layers
+    return {"layers": n_layers, "answers": len(settled),
+            "settles_at_mean": float(np.mean(settled)) if settled else math.nan,
+            "settled_by_layer": [float(np.mean([s <= k for s in settled])) if settled else math.nan
+                                 for k in range(1, n_layers + 1)]}

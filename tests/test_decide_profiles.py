@@ -380,3 +380,45 @@ def test_smollm2_answers_the_conformance_suites_255_option_choice_in_its_trained
     answer = out["answers"]["q"]
     assert list(answer["probabilities"]) == list(criteria) and "x_tournament" not in answer
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0) and out["usage"]["input_tokens"] > 4096
+
+
+# --- the lens: --decide-probe ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("readout", ["first-token", "letters"])
+def test_the_probes_last_layer_reproduces_the_answers_logits(readout, tmp_path):
+    need("llama_cpp", "the [llama] extra is not installed")
+    from laya.decide.llama import open_gguf
+
+    probe = tmp_path / "probe.jsonl"
+    m = open_gguf(smollm2(), readout=readout, n_ctx=1024, threads=2, decide_probe=probe)
+    questions = {"urgent": URGENT, "team": TEAM}
+    m.predict(STATE, questions)
+    m.predict(STATE, questions)  # the second time from the kept prefix: the replay cuts its prefill the same
+    lines = [json.loads(x) for x in probe.read_text().splitlines()]
+    assert len(lines) == 2 * (3 if readout == "first-token" else 2)  # a yes/no is two decisions on first-token
+    for line in lines:
+        assert len(line["lens"]) == 30 and line["head_rounding"] == "q8_0" and line["model"] == m.name
+        last = np.array(line["lens"][-1])
+        assert np.abs(last - np.array(line["final_logits"])).max() < 1e-3  # the lens's arithmetic is the graph's
+        if readout == "first-token" and line["question"] == "urgent":  # single-token labels: logp = logits + c
+            logp = np.array(line["logp"])
+            assert np.abs((last - last[0]) - (logp - logp[0])).max() < 1e-3
+        assert line["best"] == line["choices"][int(np.argmax(line["logp"]))]
+    # the early layers read something else: the lens is not the last layer copied
+    assert any(np.abs(np.array(x["lens"][0]) - np.array(x["lens"][-1])).max() > 0.1 for x in lines)
+
+
+def test_a_hostile_gguf_header_is_a_clear_error(tmp_path):
+    from laya.decide.gguf_header import read_scalars
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little"))
+    with pytest.raises(CheckpointError, match="not a readable GGUF header"):
+        read_scalars(bad)
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                    + (1 << 60).to_bytes(8, "little") + b"x")
+    with pytest.raises(CheckpointError, match="not a readable GGUF header"):
+        read_scalars(bad)
+    bad.write_bytes(b"nope")
+    with pytest.raises(CheckpointError):
+        read_scalars(bad)

@@ -155,3 +155,28 @@ def test_bad_methods_and_arguments_are_clear_errors(data, tmp_path):
     assert done.returncode != 0 and "named twice" in done.stderr
     done = run_cli(str(data), "-m", "a", "--baseline", str(tmp_path / "none.json"))
     assert done.returncode != 0 and "--baseline" in done.stderr
+
+
+def test_the_encoder_lens_ends_at_the_answer_and_says_where_answers_settle(data, checkpoint_dir, tmp_path):
+    lens = tmp_path / "lens.jsonl"
+    report = tmp_path / "report.json"
+    method = f"{checkpoint_dir}:onnx"
+    done = run_cli(str(data), "-m", method, "--json", str(report), "--lens", str(lens))
+    assert done.returncode == 0, done.stderr
+    assert "settle at layer" in done.stderr
+    lines = [json.loads(x) for x in lens.read_text().splitlines()]
+    records = {r.line: r for r in read_records(data)}
+    kept = evaluation._read_outcomes(tmp_path / "report.work" / f"{evaluation.parse_method(method).slug}.jsonl")
+    assert len(lines) == 2 * len(records)
+    for line in lines:
+        record = records[line["line"]]
+        answer = kept[evaluation.key_of(record)]["response"]["answers"][line["question"]]
+        q = next(q for q in record.parsed if q.qid == line["question"])
+        assert len(line["layers"]) == 4  # the generated checkpoint's encoder layers
+        assert line["layers"][-1] == pytest.approx(list(evaluation.probabilities(q, answer)), abs=1e-5)
+        assert 1 <= line["settles_at"] <= 4
+    summary = json.loads(report.read_text())["methods"][method]["lens"]
+    assert summary["answers"] == len(lines) and summary["settled_by_layer"][-1] == 1.0
+    assert summary["settles_at_mean"] == pytest.approx(sum(x["settles_at"] for x in lines) / len(lines))
+    done = run_cli(str(data), "-m", "http://127.0.0.1:9", "--lens", str(lens), "--work", str(tmp_path / "w"))
+    assert done.returncode != 0 and "--lens reads laya checkpoints" in done.stderr

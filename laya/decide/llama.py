@@ -324,9 +324,10 @@ class LlamaBackend:
 
 def open_gguf(source: str | os.PathLike, *, name: str | None = None, n_ctx: int | None = None,
               threads: int | None = None, prefix_cache: str = "auto", calibration: str | os.PathLike | None = None,
-              readout: str | None = None):
+              readout: str | None = None, decide_probe: str | os.PathLike | None = None):
     """A `DecideModel` over a chat GGUF file (the one way `laya serve` and `laya calibrate` open one),
-    read by `readout` or by the profile its metadata names (`laya.decide.metadata`)."""
+    read by `readout` or by the profile its metadata names (`laya.decide.metadata`); `decide_probe`:
+    the file its decisions' logit lens is appended to (`laya.decide.lens`)."""
     from laya.decide.metadata import choose_readout, profile_name
     from laya.decide.model import DecideModel, DecideSettings
     from laya.decide.policy import PrefixCache
@@ -348,5 +349,10 @@ def open_gguf(source: str | os.PathLike, *, name: str | None = None, n_ctx: int 
                               temperature_from_model=choice.temperatures is not None)
     if choice.temperatures is not None:
         settings.temperature = dict(choice.temperatures)
-    return DecideModel(backend, name or Path(source).stem.lower(), cache=cache, source=os.fspath(source),
-                       calibration=fitted, settings=settings)
+    model = DecideModel(backend, name or Path(source).stem.lower(), cache=cache, source=os.fspath(source),
+                        calibration=fitted, settings=settings)
+    if decide_probe is not None:
+        from laya.decide.lens import Probe
+
+        model.probe = Probe(backend, decide_probe, model.name)
+    return model

@@ -87,6 +87,7 @@ class DecideModel:
             self.temperatures = calibration.over(self.temperatures)
         self._lock = threading.Lock()  # one live context: decisions run one at a time
         self.profile = make_profile(self.settings.readout, backend, self.settings.labels)
+        self.probe: Any = None  # laya.decide.lens.Probe under --decide-probe
 
     @property
     def readout(self) -> dict[str, Any]:
@@ -204,8 +205,7 @@ class DecideModel:
             for keys, prompt in zip(inner.keys, inner.prompts):
                 if cancelled is not None and cancelled.is_set():
                     raise Cancelled("the caller went away")
-                scores, report = self.decider.run(prompt, reuse_prefix=reuse_prefix,
-                                                  tree_budget=self.settings.tree_budget, top=self.settings.top_tokens)
+                scores, report = self._decide(group_q, keys, prompt, reuse_prefix)
                 readouts.append((keys, scores.logp))
                 reports.append(report)
                 tokens += report.n_tokens
@@ -220,6 +220,15 @@ class DecideModel:
         extra = {"x_tournament": game.report(final), "x_levels": max((r.levels for r in reports), default=1),
                  "x_prefill": [r.as_extras() for r in reports]}
         return Evidence.single("choice", logits), extra, tokens
+
+    def _decide(self, q: Question, keys: tuple[int, ...], prompt: Prompt, reuse_prefix: bool) -> tuple[Any, Any]:
+        """One decision, and its lens line when probing (`--decide-probe`)."""
+        scores, report = self.decider.run(prompt, reuse_prefix=reuse_prefix, tree_budget=self.settings.tree_budget,
+                                          top=self.settings.top_tokens)
+        if self.probe is not None:
+            labels = [q.keys[k] for k in keys] if len(keys) == len(scores.logp) else ["no", "yes"]
+            self.probe.record(q.qid, prompt, labels, scores.logp, report)
+        return scores, report
 
     @cached_property
     def fingerprint(self) -> str:
@@ -256,9 +265,7 @@ class DecideModel:
                 for keys, prompt in zip(plan.keys, plan.prompts):
                     if cancelled is not None and cancelled.is_set():
                         raise Cancelled("the caller went away")
-                    scores, report = self.decider.run(prompt, reuse_prefix=reuse_prefix,
-                                                      tree_budget=self.settings.tree_budget,
-                                                      top=self.settings.top_tokens)
+                    scores, report = self._decide(q, keys, prompt, reuse_prefix)
                     readouts.append((keys, scores.logp))
                     outside += scores.outside_mass
                     reports.append(report)

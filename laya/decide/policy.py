@@ -8,7 +8,7 @@ prefilled, so a refused request leaves the session exactly as it was.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -199,6 +199,7 @@ class KeptPrefix:
     tokens: list[int]
     state: Any
     nbytes: int
+    pieces: tuple[int, ...] = ()  # the prefills that computed it, in order (what a replay must repeat)
 
 
 @dataclass
@@ -249,6 +250,7 @@ class Report:
     stored_bytes: int = 0  # the state this decision kept of its own prefix (0 when it kept none)
     levels: int = 1  # collision tree: levels read (1 when the first tokens told the choices apart)
     tree_passes: int = 0  # collision tree: forward passes beyond the prompt's
+    pieces: list[int] = field(default_factory=list)  # the prompt's prefills in order, restored ones included
 
     def as_extras(self) -> dict[str, Any]:
         """Only what this request reused, prefilled and stored: no figure about another caller's state."""
@@ -271,13 +273,15 @@ class Decider:
             self.backend.prefill(tokens)
             report.prefill_ms += (time.perf_counter() - started) * 1000.0
             report.prefilled_tokens += len(tokens)
+            report.pieces.append(len(tokens))
 
     def _store(self, tokens: list[int], report: Report, schema: bool = False) -> None:
         started = time.perf_counter()
         state = self.backend.save_state()
         nbytes = self.backend.state_nbytes(state)
         report.store_ms += (time.perf_counter() - started) * 1000.0
-        kept = KeptPrefix(tokens=list(tokens), state=state, nbytes=nbytes) if nbytes <= self.cache.max_bytes else None
+        kept = (KeptPrefix(tokens=list(tokens), state=state, nbytes=nbytes, pieces=tuple(report.pieces))
+                if nbytes <= self.cache.max_bytes else None)
         if schema:
             self.cache.schema = kept
         else:
@@ -308,6 +312,7 @@ class Decider:
                 started = time.perf_counter()
                 backend.load_state(kept.state)
                 report.restore_ms = (time.perf_counter() - started) * 1000.0
+                report.pieces = list(kept.pieces)
                 report.reused_tokens = len(kept.tokens)
                 if len(kept.tokens) < n_prefix:  # the prefix grew: prefill the rest, keep the longer one
                     self._prefill(prefix_tokens[len(kept.tokens) :], report)

@@ -55,6 +55,7 @@ class ServeOptions:
     threads: int | None = None
     n_ctx: int | None = None  # decide engine context (None: the model's trained one, as memory allows)
     readout: str | None = None  # decide engine: the readout of every GGUF given without one (else its metadata's)
+    decide_probe: str | None = None  # decide engine: the file each decision's logit lens is appended to
     prefix_cache: str = "auto"  # decide engine kept state: auto | on | off
     # `--calibration [NAME=]PATH`: by model name; the key "" applies to a model given without a name
     calibration: dict[str, str] = field(default_factory=dict)
@@ -90,7 +91,7 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
 
         model = open_gguf(spec.source, name=spec.name, n_ctx=options.n_ctx, threads=options.threads,
                           prefix_cache=options.prefix_cache, calibration=calibration,
-                          readout=spec.readout or options.readout)
+                          readout=spec.readout or options.readout, decide_probe=options.decide_probe)
         return DecideEngine(model, description=f"{Path(spec.source).name} read by its {model.profile.name} readout")
 
     import laya
