@@ -503,16 +503,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     from laya.training.loop import Settings
     from laya.training.run import summary, train
 
-    settings = Settings(epochs=args.epochs, batch_size=args.batch_size, encoder_lr=args.encoder_lr,
-                        head_lr=args.head_lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-                        warmup=args.warmup, freeze_encoder=args.freeze_encoder, augment=not args.no_augment,
-                        holdout=args.holdout, seed=args.seed, device=args.device, precision=args.precision,
-                        threads=args.threads)
+    settings = Settings(**_training_settings(args), threads=args.threads)
     report = train(args.model, args.data, args.out, settings=settings, resume=args.resume,
                    text_column=args.text_column, label_column=args.label_column,
                    target_precision=args.target_precision, quiet=args.quiet, plots=not args.no_plots)
     print(summary(report))
     print(f"wrote {args.out} (report in {Path(args.out) / 'report'})", file=sys.stderr)
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """`laya distill --teacher T --student S STATES.jsonl -q Q --out DIR`."""
+    from laya import distill
+    from laya.evaluation import parse_method
+
+    questions = _json_arg(args.questions, "--questions")
+    teacher = parse_method(args.teacher)
+    key = read_api_key(args.api_key_file) if teacher.remote else None
+    report = distill.distill(args.teacher, args.student, args.states, questions, args.out, api_key=key,
+                             concurrency=args.concurrency, rate=args.rate, hard_weight=args.hard_weight,
+                             threads=args.threads, progress=not args.quiet, **_training_settings(args))
+    print(distill.summary(report))
+    print(f"wrote {args.out} (report in {Path(args.out) / 'report' / distill.REPORT})", file=sys.stderr)
     return 0
 
 
@@ -683,6 +695,33 @@ def _model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
     parser.add_argument("--threads", type=int, help="CPU threads for the runtime")
     parser.add_argument("--calibration", help="a calibration file from `laya calibrate` to apply")
+
+
+def _training_args(parser: argparse.ArgumentParser) -> None:
+    """`laya train`'s settings (`laya.training.loop.Settings`), also `laya distill`'s."""
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--encoder-lr", type=float, default=2.5e-5)
+    parser.add_argument("--head-lr", type=float, default=1e-4)
+    parser.add_argument("--min-lr", type=float, default=1e-6, help="end of the cosine schedule")
+    parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps with a linear warm-up")
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--freeze-encoder", action="store_true", help="train the decision head only")
+    parser.add_argument("--no-augment", action="store_true", help="keep choice options in their given order")
+    parser.add_argument("--holdout", type=float, default=0.2,
+                        help="share of lines held out: half fits the act head and temperatures, half measures")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto (CUDA, Apple MPS, else CPU), cpu, cuda, cuda:1, mps")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="autocast (auto: bf16 where the device computes it natively, fp16 on older GPUs)")
+    parser.add_argument("--threads", type=int, help="CPU threads")
+
+
+def _training_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(epochs=args.epochs, batch_size=args.batch_size, encoder_lr=args.encoder_lr, head_lr=args.head_lr,
+                min_lr=args.min_lr, weight_decay=args.weight_decay, warmup=args.warmup,
+                freeze_encoder=args.freeze_encoder, augment=not args.no_augment, holdout=args.holdout,
+                seed=args.seed, device=args.device, precision=args.precision)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -873,22 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("data", help="JSONL (labels, upstream's expected, or gold per line) or CSV (text and label "
                                   "columns)")
     trn.add_argument("--out", required=True, help="folder of the fine-tuned checkpoint (epochs/ and report/ inside)")
-    trn.add_argument("--epochs", type=int, default=4)
-    trn.add_argument("--batch-size", type=int, default=16)
-    trn.add_argument("--encoder-lr", type=float, default=2.5e-5)
-    trn.add_argument("--head-lr", type=float, default=1e-4)
-    trn.add_argument("--min-lr", type=float, default=1e-6, help="end of the cosine schedule")
-    trn.add_argument("--warmup", type=float, default=0.06, help="share of the steps with a linear warm-up")
-    trn.add_argument("--weight-decay", type=float, default=0.01)
-    trn.add_argument("--freeze-encoder", action="store_true", help="train the decision head only")
-    trn.add_argument("--no-augment", action="store_true", help="keep choice options in their given order")
-    trn.add_argument("--holdout", type=float, default=0.2,
-                     help="share of lines held out: half fits the act head and temperatures, half measures")
-    trn.add_argument("--seed", type=int, default=0)
-    trn.add_argument("--device", default="auto", help="auto (CUDA, Apple MPS, else CPU), cpu, cuda, cuda:1, mps")
-    trn.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                     help="autocast (auto: bf16 where the device computes it natively, fp16 on older GPUs)")
-    trn.add_argument("--threads", type=int, help="CPU threads")
+    _training_args(trn)
     trn.add_argument("--resume", action="store_true", help="continue from the last epoch checkpoint in --out")
     trn.add_argument("--text-column", default="text", help="CSV: the column holding the text")
     trn.add_argument("--label-column", default="label", help="CSV: the column holding the label")
@@ -897,6 +921,22 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
     trn.add_argument("--quiet", action="store_true", help="no progress bar")
     trn.set_defaults(func=cmd_train)
+
+    dst = sub.add_parser("distill", help="train a fast checkpoint on a slow teacher's answers to your states")
+    dst.add_argument("states", help="JSONL: a state per line (text or JSON), or {\"state\", \"labels\"?}")
+    dst.add_argument("--teacher", required=True,
+                     help="a System One URL[#model=NAME] (with --api-key-file), a chat .gguf[:READOUT] or a checkpoint")
+    dst.add_argument("--student", required=True, help="the checkpoint to train (folder, registered name or Hub id)")
+    dst.add_argument("--questions", "-q", required=True, help="the questions: inline JSON or @file")
+    dst.add_argument("--out", required=True, help="folder of the student checkpoint (teacher/ and report/ inside)")
+    dst.add_argument("--api-key-file", metavar="PATH", help="the teacher URL's key (or LAYA_API_KEY)")
+    dst.add_argument("--concurrency", type=int, default=4, help="requests in flight to a teacher URL")
+    dst.add_argument("--rate", type=float, help="at most this many requests a second to a teacher URL")
+    dst.add_argument("--hard-weight", type=float, default=0.5,
+                     help="weight of a state's own labels, where given, against the teacher's probabilities")
+    _training_args(dst)
+    dst.add_argument("--quiet", action="store_true", help="no progress")
+    dst.set_defaults(func=cmd_distill)
 
     cal = sub.add_parser("calibrate", help="fit temperatures and an abstention threshold on labelled decisions")
     cal.add_argument("model", help="checkpoint folder, registered name, Hub id, bundle, or chat .gguf file")

@@ -122,7 +122,7 @@ def run_method(method: Method, records: Sequence[Record], work: Path, *, concurr
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{method.slug}.jsonl"
     keys = {key_of(r) for r in records}
-    done = _read_outcomes(out)
+    done = jsonl.outcomes(out)
     todo = [r for r in records if key_of(r) not in done]
     if todo:
         if method.remote:
@@ -134,21 +134,7 @@ def run_method(method: Method, records: Sequence[Record], work: Path, *, concurr
             jsonl.run(_lines(todo, method.model), out, timed(answer), total=len(todo), chunk=chunk, progress=progress)
         finally:
             getattr(answer, "close", lambda: None)()
-    return {k: v for k, v in _read_outcomes(out).items() if k in keys}
-
-
-def _read_outcomes(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.is_file():
-        return {}
-    out = {}
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(raw)
-        except json.JSONDecodeError:  # a torn last line: asked again
-            continue
-        if isinstance(line, dict) and isinstance(line.get("id"), str):
-            out[line["id"]] = line
-    return out
+    return {k: v for k, v in jsonl.outcomes(out).items() if k in keys}
 
 
 def probabilities(question: Any, answer: dict[str, Any]) -> np.ndarray:

@@ -130,6 +130,22 @@ def answered_ids(out: Path) -> tuple[set[str], set[int]]:
     return ids, numbers
 
 
+def outcomes(path: Path) -> dict[str, dict[str, Any]]:
+    """The output lines of a run whose ids are strings, by id (a torn last line is left out: it is
+    asked again)."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("id"), str):
+            out[line["id"]] = line
+    return out
+
+
 def _key(ident: Any) -> str:
     return json.dumps(ident)
 
@@ -138,8 +154,10 @@ class Progress:
     """Lines done of the total, the rate and the time left, on stderr: redrawn in place on a
     terminal, a line every few seconds otherwise."""
 
-    def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool = True) -> None:
+    def __init__(self, total: int, stream: IO[str] | None = None, enabled: bool = True,
+                 note: Callable[[], str] | None = None) -> None:
         self.total, self.done, self.failed = total, 0, 0
+        self.note = note  # more to show after the counts (what the lines cost so far)
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -161,7 +179,7 @@ class Progress:
         left = (self.total - self.done) / rate if rate > 0 else 0.0
         text = (f"{self.done}/{self.total} lines  {rate:.1f} lines/s  "
                 + (f"{elapsed:.1f} s" if final else f"ETA {int(left) // 60}:{int(left) % 60:02d}")
-                + (f"  {self.failed} failed" if self.failed else ""))
+                + (f"  {self.failed} failed" if self.failed else "") + (f"  {self.note()}" if self.note else ""))
         if self.tty:
             self.stream.write("\r" + text + ("\n" if final else ""))
         else:
@@ -188,11 +206,11 @@ Answer = Callable[[list[Line]], list[dict[str, Any]]]  # lines -> per line {"res
 
 
 def run(lines: Iterator[Line], out: Path, answer: Answer, *, total: int, chunk: int = CHUNK,
-        progress: bool = True, stream: IO[str] | None = None) -> Tally:
+        progress: bool = True, stream: IO[str] | None = None, note: Callable[[], str] | None = None) -> Tally:
     """Every line not yet in `out` answered by `answer`, chunk by chunk, appended in input order."""
     done, done_lines = answered_ids(out)
     tally = Tally()
-    bar = Progress(total, stream, progress)
+    bar = Progress(total, stream, progress, note)
     seen: dict[str, int] = {}
     with open(out, "a", encoding="utf-8") as sink:
         pending: list[Line] = []
@@ -294,10 +312,12 @@ def _response(engine: Any, results: list[Any]) -> dict[str, Any]:
 
 
 def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s: float = 120.0,
-                  sleep: Callable[[float], None] = time.sleep, timed: bool = False) -> Answer:
+                  sleep: Callable[[float], None] = time.sleep, timed: bool = False, rate: float | None = None
+                  ) -> Answer:
     """Lines sent to a running `laya serve` (`/v1/systemone`), at most `concurrency` at once; a
     429 or 503 is retried after its `Retry-After`, a 4xx is the line's error as the server words it.
-    `timed`: an answer also gives the milliseconds of the request that answered it (`ms`)."""
+    `timed`: an answer also gives the milliseconds of the request that answered it (`ms`). `rate`:
+    at most that many requests a second (retries included)."""
     import httpx
 
     if concurrency < 1:
@@ -307,6 +327,19 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="laya-jsonl")
     lock = threading.Lock()
     unreachable: list[str] = []
+    if rate is not None and not rate > 0:
+        raise LayaError(f"the request rate must be a positive number per second, got {rate}")
+    slot = [time.monotonic()]
+
+    def paced() -> None:
+        """Wait for this request's turn under `rate`."""
+        if rate is None:
+            return
+        with lock:
+            turn = max(slot[0], time.monotonic())
+            slot[0] = turn + 1.0 / rate
+        if (wait := turn - time.monotonic()) > 0:
+            sleep(wait)
 
     def one(line: Line) -> dict[str, Any]:
         if line.error is not None:
@@ -315,6 +348,7 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
             with lock:
                 if unreachable:
                     return {"error": failure(503, "unreachable", unreachable[0])}
+            paced()
             started = time.perf_counter()
             try:
                 r = client.post("/v1/systemone", json=line.body)

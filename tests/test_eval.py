@@ -13,7 +13,7 @@ import pytest
 from conftest import need
 from live_server import LiveServer
 
-from laya import evaluation
+from laya import evaluation, jsonl
 from laya.calibration.data import read_records
 
 QUESTIONS = {
@@ -91,7 +91,7 @@ def test_two_methods_side_by_side_with_figures_a_test_recomputes(data, checkpoin
     assert "| method |" in done.stdout and f"`{methods[1]}`" in done.stdout
     records = read_records(data)
     for spec in methods:
-        kept = evaluation._read_outcomes(tmp_path / "report.work" / f"{evaluation.parse_method(spec).slug}.jsonl")
+        kept = jsonl.outcomes(tmp_path / "report.work" / f"{evaluation.parse_method(spec).slug}.jsonl")
         want, got = recomputed(records, kept, 0.5), rep["methods"][spec]
         for key in ("accuracy", "all_right", "nll", "brier", "ece"):
             assert got[key] == pytest.approx(want[key], abs=1e-9), (spec, key)
@@ -166,7 +166,7 @@ def test_the_encoder_lens_ends_at_the_answer_and_says_where_answers_settle(data,
     assert "settle at layer" in done.stderr
     lines = [json.loads(x) for x in lens.read_text().splitlines()]
     records = {r.line: r for r in read_records(data)}
-    kept = evaluation._read_outcomes(tmp_path / "report.work" / f"{evaluation.parse_method(method).slug}.jsonl")
+    kept = jsonl.outcomes(tmp_path / "report.work" / f"{evaluation.parse_method(method).slug}.jsonl")
     assert len(lines) == 2 * len(records)
     for line in lines:
         record = records[line["line"]]

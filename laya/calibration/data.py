@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,20 +72,26 @@ def gold_distribution(q: Question, value: Any) -> tuple[float, ...]:
     return tuple(float(v) / total for v in value)
 
 
-def read_records(path: str | os.PathLike) -> list[Record]:
+def json_lines(path: str | os.PathLike) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "file:line" for messages, the parsed value) of each non-blank line of a JSONL
+    file; a line that is not JSON raises `DataError` naming it."""
     where = os.fspath(path)
-    text = _read_text(path)
-    if where.lower().endswith(".csv"):
-        raise DataError(f"{where}: a CSV file; read it with read_csv_records (laya train reads both)")
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         at = f"{where}:{number}"
         try:
-            data = json.loads(line)
+            yield number, at, json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{at}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+
+
+def read_records(path: str | os.PathLike) -> list[Record]:
+    where = os.fspath(path)
+    if where.lower().endswith(".csv"):
+        raise DataError(f"{where}: a CSV file; read it with read_csv_records (laya train reads both)")
+    records = []
+    for number, at, data in json_lines(path):
         keys = {"labels", "expected", "gold"} & set(data) if isinstance(data, dict) else set()
         if not isinstance(data, dict) or not {"state", "questions"} <= set(data) or len(keys) != 1:
             raise DataError(f"{at}: each line needs \"state\", \"questions\" and one of \"labels\" (or "
