@@ -675,7 +675,6 @@ PROBE_HELP = ("GGUF models: append one JSON line per decision to FILE, with its 
               "logits read from each layer's last-token state; diagnostic: doubles each prefill)")
 N_CTX_HELP = ("context of GGUF models in tokens (default: the context each was trained for, as far as 1 GiB of "
               "key/value cache holds it)")
-READOUT_CHOICES = ("first-token", "answer-slot", "json-field", "letters")  # laya.decide.profiles.PROFILES
 READOUT_HELP = ("GGUF models: how the model is asked and read (default: what its metadata names, else first-token: "
                 "a chat model; answer-slot: a decider-trained model; json-field: pcdServer's JSON object; letters: "
                 "the option letter of a Hmm model)")
@@ -725,6 +724,7 @@ def _training_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from laya.decide.profiles import PROFILES as READOUT_CHOICES  # the readout profiles' one list
     parser = argparse.ArgumentParser(prog="laya", description="System One decisions from encoder checkpoints")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -113,7 +113,7 @@ def teacher_answer(teacher: str, *, api_key: str | None, concurrency: int, rate:
     method = evaluation.parse_method(teacher)
     if method.remote:
         return jsonl.remote_answer(method.source, api_key, concurrency, timed=True, rate=rate), concurrency
-    return evaluation.timed(jsonl.local_answer(evaluation._engine(method, threads))), 1
+    return evaluation.timed(jsonl.local_answer(evaluation.local_engine(method, threads))), 1
 
 
 def collect(states: Sequence[State], questions: Mapping[str, Any], teacher: str, out: Path, *,

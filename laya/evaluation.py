@@ -78,7 +78,8 @@ def parse_method(spec: str) -> Method:
     return Method(spec, spec)
 
 
-def _engine(method: Method, threads: int | None, decide_probe: str | None = None) -> Any:
+def local_engine(method: Method, threads: int | None, decide_probe: str | None = None) -> Any:
+    """A local method's engine, loaded as `laya serve --single-process` loads it (eval and distill)."""
     from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
     options = ServeOptions(engine_process=False, threads=threads, runtime=method.runtime, readout=method.readout,
@@ -129,7 +130,7 @@ def run_method(method: Method, records: Sequence[Record], work: Path, *, concurr
             answer = jsonl.remote_answer(method.source, api_key, concurrency, timed=True)
             chunk = concurrency
         else:
-            answer, chunk = jsonl.local_answer(_engine(method, threads, decide_probe)), 1
+            answer, chunk = jsonl.local_answer(local_engine(method, threads, decide_probe)), 1
         try:
             jsonl.run(_lines(todo, method.model), out, timed(answer), total=len(todo), chunk=chunk, progress=progress)
         finally:
@@ -272,7 +273,7 @@ def lens(method: Method, records: Sequence[Record], path: str | Path, threads: i
 
     if method.remote or method.readout is not None or method.source.lower().endswith(".gguf"):
         raise LayaError(f"--lens reads laya checkpoints; {method.spec} is not one (--decide-probe reads a GGUF's)")
-    model = _engine(method, threads).model
+    model = local_engine(method, threads).model
     settled = []
     with open(path, "a", encoding="utf-8") as out:
         for record in records:

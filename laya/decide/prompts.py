@@ -25,7 +25,6 @@ from laya.questions import Question, serialize_state
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_LETTERED = len(LETTERS)
-READOUTS = ("auto", "names", "letters")
 
 
 @dataclass(frozen=True)
