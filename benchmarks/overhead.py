@@ -232,6 +232,7 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
     options = ServeOptions(runtime=args.runtime, threads=args.threads)
     remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(folder), name="enc"), options))
     loop = asyncio.new_event_loop()
+    remote.serve_on(loop)  # as `laya serve` does: replies are read on the loop that awaits them
     try:
         def run(engine) -> None:
             job = engine.prepare([STATE], QUESTIONS)

@@ -35,7 +35,8 @@ class Engine(Protocol):
     # True for an engine whose other end coalesces jobs itself (the engine process, a Ray Serve
     # deployment): the server then sends each job on as it comes, through `async submit(job) ->
     # (results, Timing)`, instead of batching them here into `execute`; its `prepare` only packs the
-    # request (the other end prepares it), so the server calls it on the event loop
+    # request (the other end prepares it), so the server calls it on the event loop; and
+    # `serve_on(loop)` tells it the event loop its `submit` is awaited on (where replies are read)
     batches_where_it_runs: bool
 
     def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,

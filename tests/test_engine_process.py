@@ -78,3 +78,51 @@ def test_max_wait_makes_an_idle_engine_wait_for_company():
         assert one.batch_jobs == two.batch_jobs == 2
     finally:
         engine.close()
+
+
+def test_a_request_cancelled_while_it_runs_stops_there(slow_remote):
+    """The cancel is read between states (forward passes) while the engine process runs it, with no
+    thread there to read a message: it is on the board the HTTP side writes."""
+    async def scenario():
+        job = slow_remote.prepare([f"s{i}" for i in range(10)], URGENT)  # 10 x 0.25 s
+        running = asyncio.ensure_future(slow_remote.submit(job))
+        await asyncio.sleep(0.4)
+        job.cancelled.set()
+        return await running
+
+    results, timing = asyncio.run(scenario())
+    assert results == [] and timing.inference_ms < 1500  # stopped after 2 or 3 states of 10
+    answered, _ = asyncio.run(slow_remote.submit(slow_remote.prepare(["next"], URGENT)))
+    assert list(answered[0].answers) == ["u"]
+
+
+def test_question_sets_kept_in_slots_answer_as_asked_past_every_slot():
+    """From the pipe's loop a question set the engine process holds goes as its slot number; past
+    QUESTION_SLOTS sets the least recently used slot is given again, and each answer is still that of
+    the questions asked (the scripted engine answers by their ids)."""
+    from laya.questions import parse_questions
+    from laya.server.remote import QUESTION_SLOTS
+
+    engine = RemoteEngine(functools.partial(ScriptedEngine, name="slots"))
+    loop = asyncio.new_event_loop()
+    engine.serve_on(loop)
+    sent = []
+    pipe = engine._link.pipe
+    send = pipe.send
+    pipe.send = lambda message: (sent.append(message[2][1]), send(message))[1]
+    try:
+        n = QUESTION_SLOTS + 40
+        order = [*range(n), *range(50), *range(n - 50, n), 0, 0, 90, n, 90]
+        for i in order:
+            questions = parse_questions({f"q{i}": {"type": "noul"}, "u": URGENT["u"]})  # a fresh copy each time
+            results, _ = loop.run_until_complete(engine.submit(engine.prepare([f"s{i}"], questions)))
+            assert list(results[0].answers) == [f"q{i}", "u"], i
+        kinds = ["slot" if isinstance(q, int) else "kept" for q in sent]
+        # the first n are new; 0..49 were pushed out by the last 40 and then each other (least recently
+        # used first), so they come again; the last 50 and the repeated 0 are held; 90, the oldest
+        # there, asked once more, is then not the one a new set pushes out
+        assert kinds == ["kept"] * n + ["kept"] * 50 + ["slot"] * 50 + ["slot"] * 2 + ["slot", "kept", "slot"]
+        assert len(engine._link.known) == QUESTION_SLOTS
+    finally:
+        engine.close()
+        loop.close()

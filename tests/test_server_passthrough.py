@@ -26,6 +26,9 @@ class RemoteBatching(ScriptedEngine):
         super().__init__(name="remote", delay=delay)
         self.in_flight = self.most_in_flight = 0
 
+    def serve_on(self, loop):
+        """(Its replies come to whichever loop awaits them.)"""
+
     async def submit(self, job):
         if "gone" in job.states:
             raise Unavailable("no replica of remote answered within 1 s", 7)

@@ -243,6 +243,7 @@ class PassThrough(MicroBatcher):
 
     def start(self) -> None:
         self._queue = asyncio.Queue()  # unused; marks the batcher as started
+        self.engine.serve_on(asyncio.get_running_loop())
 
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -250,6 +250,9 @@ class RayEngine:
     def rows(self, job: RayJob) -> int:
         return job.n_rows
 
+    def serve_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(Ray's handles bring their replies to whichever loop awaits them.)"""
+
     def plan(self, states: list[Any], questions: list[Question], *, limits: Limits, **options: Any
              ) -> dict[str, Any]:
         """A replica's plan of the request. Blocking (the app calls it on a worker thread); none
