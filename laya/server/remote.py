@@ -406,7 +406,9 @@ class RemoteEngine:
     def _link_now(self) -> _Link:
         """The live process's link; `Unavailable` while there is none."""
         link = self._link
-        if self.state != "ready" or not link.alive:
+        if self.state == "ready" and not link.alive:  # its pipe just ended; the supervisor is told next
+            raise Unavailable(f"model {self.name} is restarting: its engine process ended", self.retry_after())
+        if self.state != "ready":
             raise self._unavailable()
         return link
 
