@@ -35,7 +35,7 @@ def framed(message: Any) -> bytes:
     data = ForkingPickler.dumps(message)
     n = len(data)
     head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
-    return head + data if n < 1 << 20 else b"".join((head, data))
+    return head + data
 
 
 def on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -620,12 +620,13 @@ class _Served:
     def take(self, batching: Batching) -> list[_Queued]:
         """What is prepared, in arrival order, up to `max_rows` rows (at least one job; waiting
         `max_wait_ms` for company when asked to)."""
-        deadline = time.perf_counter() + batching.max_wait_ms / 1000.0
-        while self.open and sum(item.rows for item in self.prepared) < batching.max_rows:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            self.read(left)
+        if batching.max_wait_ms > 0:  # else no wait at all: what is prepared goes now
+            deadline = time.perf_counter() + batching.max_wait_ms / 1000.0
+            while self.open and sum(item.rows for item in self.prepared) < batching.max_rows:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self.read(left)
         batch = [self.prepared.popleft()]
         rows = batch[0].rows
         while self.prepared and rows < batching.max_rows:
