@@ -136,6 +136,11 @@ MUTANTS = [
     Mutant("onnx-keeps-spinning", ONNX, 'options.add_session_config_entry("session.force_spinning_stop", "1")',
            "pass", ("tests/test_onnx.py::test_the_thread_pool_stops_spinning_when_a_forward_pass_ends",),
            "ONNX Runtime's pool spins on after every forward pass"),
+    Mutant("placement-caller-free", "laya/encoder/runtimes/placement.py", "os.sched_setaffinity(0, (self.caller,))",
+           "pass", ("tests/test_placement.py",), "the calling thread of a forward is not pinned to its own core"),
+    Mutant("placement-pool-free", ONNX, 'options.add_session_config_entry("session.intra_op_thread_affinities", '
+           'placement.affinities())', "pass", ("tests/test_placement.py",),
+           "ONNX Runtime's pool threads are not pinned to the cores left to them"),
     Mutant("decode-sequential-sum", "laya/heads/floats.py", "    if n < _UNROLL:", "    if True:",
            ("tests/test_decode.py",), "decoding sums probabilities one by one, not in numpy's pairwise order"),
     Mutant("onnx-unfused", ONNX_EXPORT, "module = PortableNet.load(checkpoint, ops=ORT_FUSED)",

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -34,11 +35,12 @@ access_log = logging.getLogger("laya.server.access")
 REQUEST_ID = "x-typesafe-request-id"
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/models", "/health", "/ready",
           "/metrics", "/"}
-# The decision routes, called straight from `RequestContext` instead of through FastAPI's and
-# Starlette's eight layers of middleware, routing and endpoint wrapping (error, telemetry and body-limit
-# middleware, exception handlers, exit stacks, the router, the route's request handler): 0.36 ms of a
-# decision's ~4 ms around the model on a two-core machine (interleaved A/B). FastAPI still registers
-# them, for the OpenAPI document and for every other method or a mounted prefix on these paths.
+# The decision routes, called straight from `RequestContext` (which `LayaApp` puts in front of
+# FastAPI) instead of through FastAPI's and Starlette's layers of middleware, routing and endpoint
+# wrapping (error, telemetry and body-limit middleware, exception handlers, exit stacks, the router,
+# the route's request handler): 0.36 ms of a decision's ~4 ms around the model on a two-core machine
+# (interleaved A/B). FastAPI still registers them, for the OpenAPI document and for every other method
+# or a mounted prefix on these paths.
 DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch,
           ("POST", "/v1/chat/completions"): openai.chat_completions}
 
@@ -69,11 +71,26 @@ def guard(headers: dict[str, str], config: ServerConfig) -> tuple[int, str, str]
     return None
 
 
+class LayaApp(FastAPI):
+    """The FastAPI app with `RequestContext` in front of it, outside FastAPI's and Starlette's own
+    layers (error, telemetry and body-limit middleware): a decision request goes from uvicorn
+    straight to its route; every other request goes through `RequestContext` into FastAPI as usual."""
+
+    front: RequestContext | None = None
+
+    async def __call__(self, scope, receive, send):
+        if self.front is not None and scope["type"] == "http":
+            scope["app"] = self
+            return await self.front(scope, receive, send)
+        return await super().__call__(scope, receive, send)
+
+
 class RequestContext:
-    """Pure ASGI middleware: a request id on every response, metrics, one access-log line, and a
-    500 with a body (and a logged traceback) for anything that escapes a route.
+    """In front of the app (pure ASGI): a request id on every response, metrics, one access-log
+    line, and a 500 with a body (and a logged traceback) for anything that escapes a route.
 
     Pure ASGI rather than BaseHTTPMiddleware, which wraps `receive` and hides client disconnects.
+    `app` is the FastAPI app's own stack, for every route that is not a decision route.
     """
 
     def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission, served: Served):
@@ -263,7 +280,7 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
         if frozen.is_set():
             heap.thaw()
 
-    app = FastAPI(title="laya", version="0.1.0", lifespan=lifespan,
+    app = LayaApp(title="laya", version="0.1.0", lifespan=lifespan,
                   description="System One decisions (`/v1/systemone`) from laya checkpoints.")
     app.state.served = served
     app.state.metrics = metrics
@@ -276,7 +293,8 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
     admission = context.admission
     app.state.context = context
     app.state.admission = admission
-    app.add_middleware(RequestContext, metrics=metrics, config=config, admission=admission, served=served)
+    app.front = RequestContext(partial(FastAPI.__call__, app), metrics=metrics, config=config,
+                               admission=admission, served=served)
     app.add_exception_handler(ApiError, routes.api_error)
     routes.register(app, config.limits)
     return app

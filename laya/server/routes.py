@@ -122,10 +122,11 @@ class Context:
         request.state.inline = small is not None
 
         def parse(data: bytes | None) -> T:
+            small = data is not None  # a small body's keys are checked as it is parsed
             if data is None:
                 data = decode(raw, encoding, self.config.max_body_bytes)
-            body = first(parse_json(data))
-            check_tree(body, data)
+            body = first(parse_json(data, no_duplicates=small))
+            check_tree(body, data, duplicates_checked=small)
             return then(body)
 
         if small is not None:  # tens of microseconds: less than the hop to a thread and back
@@ -179,21 +180,18 @@ class Context:
         work = engine.rows(job)  # a tournament takes more rows than states x questions
         batcher.resize(rows, work)
         task = asyncio.ensure_future(batcher.submit(job, work))
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-            if done:
-                break
-            gone = await request.is_disconnected()
-            if gone or time.monotonic() >= deadline:  # stop its remaining forward passes / decisions
-                job.cancelled.set()
-                task.cancel()
-                if gone:
-                    request.state.log.update(disconnected=True)
-                    raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"})
-                request.state.log.update(timed_out=True)
-                raise timeout_error(budget, self.config)
+        watch = Watch(request, task, job, deadline)
         try:
-            results, timing = task.result()
+            results, timing = await task
+        except asyncio.CancelledError:
+            if watch.why is None:  # this request's own task was cancelled (the server is stopping)
+                job.cancelled.set()
+                raise
+            if watch.why == "gone":
+                request.state.log.update(disconnected=True)
+                raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"}) from None
+            request.state.log.update(timed_out=True)
+            raise timeout_error(budget, self.config) from None
         except Overloaded as exc:
             raise self.overloaded(str(exc), exc.retry_after) from exc
         except Unavailable as exc:
@@ -202,6 +200,8 @@ class Context:
             raise question_error(exc) from exc
         except InferenceFailed as exc:
             raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
+        finally:
+            watch.close()
         if len(results) != len(states) and job.cancelled.is_set():  # stopped by its deadline where it ran
             request.state.log.update(timed_out=True)
             raise timeout_error(budget, self.config)
@@ -286,6 +286,53 @@ class Context:
                 out_states[i] = {**entry, "routed_to": name, "route_reason": routes[i].reason}
         return merged(AUTO, plans, [s for s in out_states if s is not None])
 
+
+
+class Watch:
+    """Stops a running request's job (its stop flag set, its task cancelled) when its caller goes
+    away or its deadline passes, checked every `PERIOD_S` by a timer: a request answered sooner pays
+    one timer and nothing else. `why` says what stopped it ("gone", "deadline"), None while it runs."""
+
+    PERIOD_S = 0.05
+
+    def __init__(self, request: Request, task: asyncio.Future, job: Any, deadline: float):
+        self.why: str | None = None
+        self._request, self._task, self._job, self._deadline = request, task, job, deadline
+        self._loop = asyncio.get_running_loop()
+        self._check: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._timer = self._loop.call_later(min(self.PERIOD_S, max(0.0, self._deadline - time.monotonic())),
+                                            self._poke)
+
+    def _poke(self) -> None:
+        self._timer = None
+        if self._task.done():
+            return
+        if time.monotonic() >= self._deadline:
+            self._stop("deadline")
+            return
+        self._check = self._loop.create_task(self._caller_gone())
+
+    async def _caller_gone(self) -> None:
+        if await self._request.is_disconnected():
+            self._stop("gone")
+        elif not self._task.done():
+            self._arm()
+
+    def _stop(self, why: str) -> None:
+        """Stop its remaining forward passes / decisions, where they run."""
+        self.why = why
+        self._job.cancelled.set()
+        self._task.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._check is not None and not self._check.done():
+            self._check.cancel()
 
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:

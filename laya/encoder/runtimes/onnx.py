@@ -8,12 +8,14 @@ failed is refused unless `force=True`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from laya.bundle import open_bundle
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.runtimes.placement import Placement, plan
 from laya.errors import CheckpointError
 from laya.heads.layout import MASKED_LOGIT
 
@@ -37,18 +39,22 @@ def check_precision(precision: str) -> None:
         raise CheckpointError(f"ONNX precision must be one of {PRECISIONS}, got {precision!r}")
 
 
-def _session(path: Path, threads: int | None):
+def _session(path: Path, threads: int | None) -> tuple[Any, Placement | None]:
+    """The session, and where its threads run when its pool takes every core (`placement`)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = int(threads or 0)
+    placement = plan(threads)
+    options.intra_op_num_threads = placement.threads if placement else int(threads or 0)
+    if placement is not None and placement.pool:
+        options.add_session_config_entry("session.intra_op_thread_affinities", placement.affinities())
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # The pool's threads spin between the operators of a forward pass (quick to pick the next one
     # up), but not after it: by default they spin on for tens of milliseconds, a whole core that the
     # server, the client beside it or the next request's tokenising then waits for.
     options.add_session_config_entry("session.force_spinning_stop", "1")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), placement
 
 
 class OnnxRuntime:
@@ -59,7 +65,7 @@ class OnnxRuntime:
         check_precision(precision)
         folder, manifest = open_bundle(checkpoint, bundle, "onnx", "fp32", force=force)
         self.gate = manifest.get("gate")
-        self.session = _session(folder / manifest["graph"], threads)
+        self.session, self.placement = _session(folder / manifest["graph"], threads)
         self.precision = manifest["precision"]
         self.manifest = manifest
         self.folder = folder
@@ -68,7 +74,7 @@ class OnnxRuntime:
     def from_graph(cls, path: Path, precision: str, threads: int | None = None) -> OnnxRuntime:
         """A runtime over a bare graph file (the exporter's gate uses it before the bundle exists)."""
         runtime = cls.__new__(cls)
-        runtime.session = _session(path, threads)
+        runtime.session, runtime.placement = _session(path, threads)
         runtime.precision, runtime.manifest, runtime.folder, runtime.gate = precision, {}, path.parent, None
         return runtime
 
@@ -79,7 +85,11 @@ class OnnxRuntime:
 
     def _run(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         feed = pad_markers({name: getattr(batch, name) for name in INPUTS})
-        logits, act = self.session.run(["logits", "act_logits"], feed)
+        if self.placement is None:
+            logits, act = self.session.run(["logits", "act_logits"], feed)
+        else:
+            with self.placement.pinned():
+                logits, act = self.session.run(["logits", "act_logits"], feed)
         return logits[:, : batch.n_markers].astype(np.float32, copy=False), act.astype(np.float32, copy=False)
 
     def _rows_alone(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:

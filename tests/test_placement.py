@@ -1,0 +1,96 @@
+"""Where a forward pass's threads run (laya.encoder.runtimes.placement): one core each when the pool
+takes every core, nothing pinned otherwise, the calling thread pinned only for its call."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from laya.encoder.runtimes import placement
+from laya.encoder.runtimes.placement import Placement, plan
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no thread affinity on this platform")
+
+
+def machine(monkeypatch, cpus: list[int], core_of: dict[int, tuple[str, str]] | None = None) -> None:
+    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.setattr(placement, "_core_of", lambda cpu: (core_of or {})[cpu] if core_of else ("0", str(cpu)))
+
+
+def test_a_pool_as_large_as_the_cores_gets_a_core_per_thread(monkeypatch):
+    machine(monkeypatch, [0, 1])
+    assert plan(None) == Placement(caller=0, pool=(1,))
+    assert plan(2) == Placement(caller=0, pool=(1,))
+    assert plan(2).affinities() == "2"  # ONNX Runtime counts processors from 1
+
+
+def test_one_logical_processor_per_physical_core_of_the_allowed_set(monkeypatch):
+    # 8 logical processors, hyperthreads 0/4, 1/5, 2/6, 3/7; the process may use 1, 2, 5, 6 only
+    machine(monkeypatch, [1, 2, 5, 6], {1: ("0", "1"), 2: ("0", "2"), 5: ("0", "1"), 6: ("0", "2")})
+    chosen = plan(None)
+    assert chosen == Placement(caller=1, pool=(2,))
+    assert chosen.threads == 2
+
+
+def test_nothing_is_pinned_when_the_pool_leaves_cores_free_or_there_is_one_core(monkeypatch):
+    machine(monkeypatch, [0, 1, 2, 3])
+    assert plan(2) is None and plan(1) is None and plan(8) is None
+    assert plan(4) == Placement(caller=0, pool=(1, 2, 3))
+    machine(monkeypatch, [3])
+    assert plan(None) is None
+
+
+def test_the_caller_is_pinned_for_its_call_only_and_a_second_caller_is_not():
+    allowed = os.sched_getaffinity(0)
+    target = min(allowed)
+    place = Placement(caller=target, pool=())
+    seen: dict[str, set[int]] = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with place.pinned():
+            seen["first"] = os.sched_getaffinity(0)
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with place.pinned():  # while the first call runs: not pinned onto its core
+        seen["second"] = os.sched_getaffinity(0)
+    release.set()
+    thread.join(10)
+    assert seen["first"] == {target}
+    assert seen["second"] == allowed
+    assert os.sched_getaffinity(0) == allowed  # this thread free again
+    with place.pinned():
+        assert os.sched_getaffinity(0) == {target}
+    assert os.sched_getaffinity(0) == allowed
+
+
+def test_the_onnx_runtime_pins_its_pool_when_it_takes_every_core(monkeypatch, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+    import laya
+
+    folder = write_test_checkpoint(tmp_path / "ckpt", TestCheckpointSpec())
+    cores = placement.one_per_core()
+    alone = laya.load(str(folder), runtime="onnx", threads=1)
+    threads_before = set(os.listdir("/proc/self/task"))
+    full = laya.load(str(folder), runtime="onnx", threads=len(cores))
+    if len(cores) >= 2:
+        assert full.runtime.placement == Placement(caller=cores[0], pool=tuple(cores[1:]))
+        # the session's pool threads, started with it, each on a core of the pool's
+        started = set(os.listdir("/proc/self/task")) - threads_before
+        pinned = {frozenset(os.sched_getaffinity(int(tid))) for tid in started}
+        assert {frozenset({cpu}) for cpu in cores[1:]} <= pinned, pinned
+    assert alone.runtime.placement is None
+    before = os.sched_getaffinity(0)
+    questions = {"u": {"type": "noul", "instructions": "Is it urgent?"}}
+    pinned = full.predict("The server is down.", questions)["answers"]["u"]
+    assert os.sched_getaffinity(0) == before  # the caller is free again after the call
+    free = alone.predict("The server is down.", questions)["answers"]["u"]
+    assert abs(pinned["noul"] - free["noul"]) < 1e-5  # P(yes), whichever threads computed it
