@@ -26,7 +26,7 @@ from laya.errors import LayaError
 from laya.server import heap, openai, routes
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
-from laya.server.metrics import Metrics
+from laya.server.metrics import Books, Metrics
 from laya.server.routes import Context
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout
 
@@ -93,8 +93,10 @@ class RequestContext:
     `app` is the FastAPI app's own stack, for every route that is not a decision route.
     """
 
-    def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission, served: Served):
+    def __init__(self, app, metrics: Metrics, config: ServerConfig, admission: Admission, served: Served,
+                 books: Books):
         self.app = app
+        self.books = books
         self.metrics = metrics
         self.config = config
         self.admission = admission
@@ -167,10 +169,9 @@ class RequestContext:
         finally:
             elapsed = time.perf_counter() - began
             route = scope["path"] if scope["path"] in ROUTES else "other"
-            self.metrics.request(route, status["code"], elapsed)
-            if route.startswith(("/v1/systemone", "/v1/chat")):
-                access_log.info(json.dumps({"id": rid, "route": route, "status": status["code"],
-                                            "ms": round(elapsed * 1000, 2), **state["log"]}))
+            line = ({"id": rid, "route": route, "status": status["code"], "ms": round(elapsed * 1000, 2),
+                     **state["log"]} if route.startswith(("/v1/systemone", "/v1/chat")) else None)
+            self.books.add(route, status["code"], elapsed, line)
 
 
 DRAIN_QUIET_S = 0.3  # the drain ends once nothing is inside and no request came for this long ...
@@ -279,13 +280,14 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
             engine.close()  # an engine process is stopped, not restarted
         if frozen.is_set():
             heap.thaw()
+        context.books.flush()
 
     app = LayaApp(title="laya", version="0.1.0", lifespan=lifespan,
                   description="System One decisions (`/v1/systemone`) from laya checkpoints.")
     app.state.served = served
     app.state.metrics = metrics
     app.state.config = config
-    context = Context(config, served, metrics)
+    context = Context(config, served, metrics, Books(metrics, access_log))
     context.admission = Admission(
         config.max_concurrency, context.retry_after, hold_s=config.shed_hold_ms / 1000.0,
         rows_per_s=context.rows_per_s,
@@ -294,7 +296,7 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
     app.state.context = context
     app.state.admission = admission
     app.front = RequestContext(partial(FastAPI.__call__, app), metrics=metrics, config=config,
-                               admission=admission, served=served)
+                               admission=admission, served=served, books=context.books)
     app.add_exception_handler(ApiError, routes.api_error)
     routes.register(app, config.limits)
     return app

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -102,3 +106,49 @@ class Metrics:
             lines += [f'laya_engine_unavailable_total{{model="{m}"}} {self.unavailable_by_model.get(m, 0)}'
                       for m in statuses]
         return "\n".join(lines) + "\n"
+
+
+class Books:
+    """What a finished request leaves to write down (its metrics, its access-log line), written a moment
+    later instead of between its response and the next request.
+
+    Why: a client that sends its next request as soon as it has read an answer found the event loop
+    still logging the last one (0.1-0.15 ms of a 2-core Xeon's time, measured with timestamps in
+    both processes). So the books are written right after the next request is handed to its engine
+    (while the engine process prepares it, one core is idle), or `FLUSH_S` later when none comes, or
+    before /metrics is read. Only the event loop's thread touches them.
+    """
+
+    FLUSH_S = 0.05
+
+    def __init__(self, metrics: Metrics, access_log: logging.Logger):
+        self.metrics, self.access_log = metrics, access_log
+        self._pending: list[tuple[str, int, float, dict[str, Any] | None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, route: str, status: int, seconds: float, line: dict[str, Any] | None) -> None:
+        """A finished request: its route, status and seconds for the metrics, its access-log fields."""
+        self._pending.append((route, status, seconds, line))
+        if self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+            except RuntimeError:  # no loop here: written at once
+                self.flush()
+
+    def soon(self) -> None:
+        """Write them once what is queued on the loop now, and what that queues, has run: a request
+        just handed on is sent to its engine process, or put in its batcher's queue and taken to
+        the forward pass's thread, first."""
+        if self._pending:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, []
+        for route, status, seconds, line in pending:
+            self.metrics.request(route, status, seconds)
+            if line is not None:
+                self.access_log.info(json.dumps(line))

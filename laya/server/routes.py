@@ -40,7 +40,7 @@ from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, decoded_within, parse_json, read_body
-from laya.server.metrics import Metrics
+from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
 
@@ -59,6 +59,7 @@ class Context:
     config: ServerConfig
     served: Served
     metrics: Metrics
+    books: Books
     admission: Admission | None = None  # built right after, over this context's retry_after and rows_per_s
 
     def retry_after(self) -> int:
@@ -180,6 +181,7 @@ class Context:
         work = engine.rows(job)  # a tournament takes more rows than states x questions
         batcher.resize(rows, work)
         task = asyncio.ensure_future(batcher.submit(job, work))
+        self.books.soon()  # the last requests' books, once this one has gone to its engine
         watch = Watch(request, task, job, deadline)
         try:
             results, timing = await task
@@ -434,6 +436,7 @@ async def ready(request: Request):
 
 async def prometheus(request: Request):
     ctx: Context = request.app.state.context
+    ctx.books.flush()
     return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
