@@ -7,6 +7,8 @@ Nothing here knows about models: the engines take the validated request from her
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,43 @@ def error_body(detail: Any) -> dict[str, Any]:
     return {"detail": _clip(detail)}
 
 
+class ValidatedQuestions:
+    """`check_questions`, remembered for question sets that passed (least recently used out first):
+    routers send the same questions with every state, and validating them again was a third of
+    reading a small request. Keyed by the parsed JSON's `repr`, which tells any two JSON values
+    apart (a string from a number, 1 from 1.0 and from true, every key and its order); sets whose
+    key is longer than `max_chars` are validated every time, so the memory stays bounded."""
+
+    def __init__(self, size: int = 256, max_chars: int = 16384):
+        self.size, self.max_chars = size, max_chars
+        self._known: OrderedDict[str, tuple[Question, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, questions: Any, problems: list[Problem]) -> list[Question]:
+        if not isinstance(questions, dict):
+            return check_questions(questions, problems)
+        key = repr(questions)
+        if len(key) > self.max_chars:
+            return check_questions(questions, problems)
+        with self._lock:
+            known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
+                return list(known)
+        found: list[Problem] = []
+        parsed = check_questions(questions, found)
+        problems += found
+        if not found:
+            with self._lock:
+                self._known[key] = tuple(parsed)
+                while len(self._known) > self.size:
+                    self._known.popitem(last=False)
+        return parsed
+
+
+VALIDATED = ValidatedQuestions()
+
+
 @dataclass(frozen=True)
 class SystemOneRequest:
     model: str | None
@@ -74,9 +113,12 @@ class SystemOneRequest:
     lang: str | None = None  # "model": "auto": the caller's language code, decisive when it names one
 
 
-def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None) -> SystemOneRequest:
+def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = None,
+                    from_json: bool = False) -> SystemOneRequest:
     """Validate a `/v1/systemone` body (or a `/batch` one, with `states`); raises a 422 `ApiError`, or
-    a 413 when the request asks for more than `limits` (counted before anything is validated)."""
+    a 413 when the request asks for more than `limits` (counted before anything is validated).
+    `from_json`: the body is what `json.loads` made, so its question sets may be remembered by their
+    `repr` (`VALIDATED`), which tells JSON values apart but not every Python object."""
     problems: list[Problem] = []
     if not isinstance(body, dict):
         raise ApiError(422, render_problems([Problem((), "Input should be a valid dictionary", "dict_type")]))
@@ -101,7 +143,7 @@ def parse_systemone(body: Any, *, batch: bool = False, limits: Limits | None = N
     if "questions" not in body:
         problems.append(Problem(("questions",), "Field required", "missing"))
     else:
-        parsed = check_questions(body["questions"], problems)
+        parsed = (VALIDATED if from_json else check_questions)(body["questions"], problems)
     reuse = body.get("reuse_prefix")
     if reuse is not None and not isinstance(reuse, bool):
         problems.append(Problem(("reuse_prefix",), "Input should be a valid boolean", "bool_type"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from laya.config import QTYPES
@@ -45,7 +45,9 @@ class Question:
     options: tuple[str, ...]
     names: tuple[str, ...]
     descriptions: tuple[str | None, ...]
-    legend: dict[str, Any] | None = None
+    # a score's level texts by level: compared, not hashed (a dict), so a question set can key a
+    # cache (the engine process's question slots); every other field says the levels already
+    legend: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def qtype_index(self) -> int:

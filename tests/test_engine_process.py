@@ -126,3 +126,25 @@ def test_question_sets_kept_in_slots_answer_as_asked_past_every_slot():
     finally:
         engine.close()
         loop.close()
+
+
+def test_every_question_type_crosses_kept_then_by_slot():
+    """A score question's levels (a dict) do not stop its set from keying a slot: each type crosses
+    whole the first time and as a slot number after (it crashed the hop with a TypeError once)."""
+    from laya.questions import parse_questions
+
+    engine = RemoteEngine(functools.partial(ScriptedEngine, name="types"))
+    loop = asyncio.new_event_loop()
+    engine.serve_on(loop)
+    try:
+        spec = {"c": {"type": "choice", "instructions": "Which team?", "criteria": {"a": "billing", "b": "sales"}},
+                "s": {"type": "score", "instructions": "How bad?", "criteria": ["fine", "bad", {"x": "worse"}]},
+                "u": URGENT["u"]}
+        for _ in range(2):
+            questions = parse_questions(spec)
+            results, _ = loop.run_until_complete(engine.submit(engine.prepare(["state"], questions)))
+            assert list(results[0].answers) == ["c", "s", "u"]
+        assert list(engine._link.known.values()) == [0]  # one set, one slot, asked twice
+    finally:
+        engine.close()
+        loop.close()

@@ -115,3 +115,30 @@ def test_answer_keys_and_legend():
 def test_state_must_be_text_object_or_list(state):
     with pytest.raises(QuestionError, match="state"):
         check_state(state)
+
+
+def test_a_remembered_question_set_is_the_one_asked_and_a_refused_one_is_never_remembered():
+    """The server remembers validated question sets by their JSON (laya.api.VALIDATED): values that
+    differ only in type (1, 1.0, true, "1") or key order are different sets, each validated on its
+    own; a set with a problem is refused every time it comes."""
+    from laya.api import ValidatedQuestions
+
+    remember = ValidatedQuestions(size=4)
+    base = {"a": {"type": "choice", "criteria": {"x": "one", "y": "two"}}, "b": {"type": "noul"}}
+    first = remember(base, problems := [])
+    assert not problems and first == parse_questions(base)
+    again = remember({"a": {"type": "choice", "criteria": {"x": "one", "y": "two"}}, "b": {"type": "noul"}}, [])
+    assert again == first and again is not first  # a list of its own, the same frozen questions
+    swapped = remember({"b": base["b"], "a": base["a"]}, [])
+    assert [q.qid for q in swapped] == ["b", "a"]
+    for level in (1, 1.0, True):  # a level that is no text is refused, whatever its JSON type
+        refused = {"s": {"type": "score", "criteria": ["low", level]}}
+        assert remember(refused, problems := []) == [] and problems
+        assert remember(refused, problems := []) == [] and problems  # refused again, never remembered
+    assert remember({"s": {"type": "score", "criteria": ["low", "1"]}}, problems := []) and not problems
+    for i in range(6):  # least recently used out first; the set asked again is still answered right
+        assert [q.qid for q in remember({f"q{i}": {"type": "noul"}}, [])] == [f"q{i}"]
+    assert remember(base, []) == first
+    with pytest.raises(ApiError):  # the server's path refuses as the library does
+        parse_systemone({"state": "s", "questions": {"s": {"type": "score", "criteria": ["low", 2]}}},
+                        from_json=True)

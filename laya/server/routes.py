@@ -109,8 +109,8 @@ class Context:
                 check_size(body, many(body), limits)  # counted before anything is walked or validated
             return body
 
-        return await self.read_body(request, validate, lambda body: parse_systemone(body, batch=many(body),
-                                                                                     limits=limits))
+        return await self.read_body(request, validate, lambda body: parse_systemone(
+            body, batch=many(body), limits=limits, from_json=True))
 
     async def read_body(self, request: Request, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
         """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then
