@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 
 from laya.api import ApiError
@@ -33,6 +32,7 @@ from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_time
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
 REQUEST_ID = "x-typesafe-request-id"
+REQUEST_ID_RAW = REQUEST_ID.encode("latin-1")
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/models", "/health", "/ready",
           "/metrics", "/"}
 # The decision routes, called straight from `RequestContext` (which `LayaApp` puts in front of
@@ -132,10 +132,11 @@ class RequestContext:
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers.append(REQUEST_ID, rid)
+                raw = list(message.get("headers", ()))
+                raw.append((REQUEST_ID_RAW, rid.encode("latin-1")))
                 if self.served.draining:  # no further request on this connection: the server is stopping
-                    headers["connection"] = "close"
+                    raw = [h for h in raw if h[0].lower() != b"connection"] + [(b"connection", b"close")]
+                message["headers"] = raw
                 status["code"], status["started"] = message["status"], True
             await send(message)
 
