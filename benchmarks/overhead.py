@@ -5,7 +5,8 @@
 The request of issue 25: a generated checkpoint (4 layers, d 128), one state of one sentence, a
 3-option choice and a noul (two rows). Printed, as medians (and p99) of `--repeats` calls after a
 warm-up, interleaved in rounds of ten (50 ms apart, one warm-up call each): the runtime's `forward`
-of the two rows (their batch built once, padded as `predict` pads them), `Model.predict` in this
+of the two rows (their batch built once, padded as `predict` pads them; and the same after a pause of
+1.5 ms each, about what a server does between two forwards for a sequential client), `Model.predict` in this
 process, and over HTTP `POST /v1/systemone` from one keep-alive connection to `laya serve` (its
 default: the model in an engine process) started for the run on the loopback interface. Each
 figure is also given as what it adds to the bare forward, the quantity the targets are about
@@ -63,6 +64,21 @@ def timed(call, repeats: int, warmup: int = 20) -> list[float]:
         call()
     out = []
     for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+PAUSE_S = 0.0015  # about what a server does between two forward passes for one sequential client
+
+
+def timed_after_pause(call, repeats: int, pause_s: float = PAUSE_S) -> list[float]:
+    """`call` timed alone, each time after `pause_s` of sleep: a forward as a server meets it, its
+    threads and caches idle for a moment first, where back to back they are still warm."""
+    out = []
+    for _ in range(repeats):
+        time.sleep(pause_s)
         started = time.perf_counter()
         call()
         out.append((time.perf_counter() - started) * 1000)
@@ -149,13 +165,15 @@ def main() -> None:
                          "predict": lambda: model.predict(STATE, QUESTIONS), "http": poster(lean["http"]),
                          "httpx": post, "single": poster(lean["single"]),
                          "bare": poster(lean["bare"], {"x-work-ms": f"{work_ms:.3f}"})}
-                times: dict[str, list[float]] = {name: [] for name in calls}
+                times: dict[str, list[float]] = {name: [] for name in [*calls, "paused"]}
                 for call in calls.values():
                     timed(call, 0, warmup=20)
                 for _ in range(max(1, args.repeats // 10)):
                     for name, call in calls.items():
                         time.sleep(0.05)  # the other side's thread pools go idle first (ONNX Runtime spins)
                         times[name] += timed(call, 10, warmup=1)
+                    time.sleep(0.05)
+                    times["paused"] += timed_after_pause(calls["forward"], 10)
         finally:
             for server, _, log in servers.values():
                 server.terminate()
@@ -165,6 +183,9 @@ def main() -> None:
         f50 = statistics.median(forward)
         print(line("runtime.forward (2 rows)", forward, None)
               + f"   {flops / f50 / 1e6:.0f} GFLOP/s")
+        paused = statistics.median(times["paused"])
+        print(line(f"runtime.forward after {PAUSE_S * 1000:g} ms pauses", times["paused"], f50)
+              + f"   (as a server meets it; HTTP p50 is {statistics.median(times['http']) - paused:+.2f} ms over it)")
         print(line(f"runtime.forward (1 row, {tiny.input_ids.shape[1]} tokens)", times["tiny"], None)
               + "   (the fixed cost of a forward)")
         print(line("Model.predict", predict, f50))

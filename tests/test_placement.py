@@ -4,14 +4,16 @@ takes every core, nothing pinned otherwise, the calling thread pinned only for i
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
+from conftest import need
 
 from laya.encoder.runtimes import placement
 from laya.encoder.runtimes.placement import Placement, plan
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no thread affinity on this platform")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="thread affinity (os.sched_getaffinity) is Linux's")
 
 
 def machine(monkeypatch, cpus: list[int], core_of: dict[int, tuple[str, str]] | None = None) -> None:
@@ -71,7 +73,7 @@ def test_the_caller_is_pinned_for_its_call_only_and_a_second_caller_is_not():
 
 
 def test_the_onnx_runtime_pins_its_pool_when_it_takes_every_core(monkeypatch, tmp_path):
-    pytest.importorskip("onnxruntime")
+    need("onnxruntime")
     from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
 
     import laya
