@@ -59,26 +59,19 @@ QUESTIONS = {
 STATE = "Hi, I was charged twice for my subscription this month. Please refund the extra payment."
 
 
-def timed(call, repeats: int, warmup: int = 20) -> list[float]:
+PAUSE_S = 0.0015  # about what a server does between two forward passes for one sequential client
+
+
+def timed(call, repeats: int, warmup: int = 20, pause_s: float = 0.0) -> list[float]:
+    """Milliseconds of each of `repeats` calls after `warmup` untimed ones; with `pause_s`, each call
+    after that much sleep: a forward as a server meets it, its threads and caches idle for a moment
+    first, where back to back they are still warm."""
     for _ in range(warmup):
         call()
     out = []
     for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        out.append((time.perf_counter() - started) * 1000)
-    return out
-
-
-PAUSE_S = 0.0015  # about what a server does between two forward passes for one sequential client
-
-
-def timed_after_pause(call, repeats: int, pause_s: float = PAUSE_S) -> list[float]:
-    """`call` timed alone, each time after `pause_s` of sleep: a forward as a server meets it, its
-    threads and caches idle for a moment first, where back to back they are still warm."""
-    out = []
-    for _ in range(repeats):
-        time.sleep(pause_s)
+        if pause_s:
+            time.sleep(pause_s)
         started = time.perf_counter()
         call()
         out.append((time.perf_counter() - started) * 1000)
@@ -173,7 +166,7 @@ def main() -> None:
                         time.sleep(0.05)  # the other side's thread pools go idle first (ONNX Runtime spins)
                         times[name] += timed(call, 10, warmup=1)
                     time.sleep(0.05)
-                    times["paused"] += timed_after_pause(calls["forward"], 10)
+                    times["paused"] += timed(calls["forward"], 10, warmup=0, pause_s=PAUSE_S)
         finally:
             for server, _, log in servers.values():
                 server.terminate()
