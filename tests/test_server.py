@@ -283,3 +283,14 @@ def test_jev_lite(keyed):
         assert 0 <= result.answers["u"].noul <= 1
         assert result.answers["t"].choice in ("billing", "sales")
         assert result.request_id
+
+
+def test_a_stopping_server_closes_each_connection_after_its_answer(model):
+    app = create_app(lambda: [EncoderEngine(model)], ServerConfig())
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        assert client.get("/health").headers.get("connection") != "close"
+        app.state.served.begin_drain()  # as SIGTERM begins it
+        r = client.get("/health")
+        assert r.json()["status"] == "draining"
+        assert r.headers.get_list("connection") == ["close"]
+        assert r.headers["x-typesafe-request-id"]
