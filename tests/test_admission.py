@@ -185,3 +185,19 @@ def test_an_idle_engine_starts_at_once_and_batches_what_queued_while_it_ran(wait
     assert engine.batches == batches
     assert [timing.batch_jobs for _, timing in results] == [len(next(b for b in batches if job in b))
                                                            for job in "abc"]
+
+
+@pytest.mark.parametrize("refuse", ["shed", "refuse_draining"])
+def test_an_answer_at_the_door_says_its_length(refuse):
+    """The door's 429 and 503 are written whole with their length, not chunked: a lean client (or a
+    load balancer counting bytes) reads them as it reads any answer."""
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(getattr(door(), refuse)(send, b"rid-1"))
+    start, body = sent
+    headers = dict(start["headers"])
+    assert start["status"] in (429, 503) and headers[b"x-typesafe-request-id"] == b"rid-1"
+    assert headers[b"content-length"] == b"%d" % len(body["body"]) and b"retry-after" in headers

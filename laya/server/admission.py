@@ -78,8 +78,8 @@ class Admission:
                 b'retry after 1 s (on another instance)"}}')
         rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
         await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                                (b"connection", b"close"), (b"x-typesafe-request-id", rid)]})
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"retry-after", b"1"), (b"connection", b"close"), (b"x-typesafe-request-id", rid)]})
         await send({"type": "http.response.body", "body": body})
 
     async def shed(self, send, request_id: bytes | None) -> None:
@@ -98,6 +98,6 @@ class Admission:
                 b'requests at once, or its queue budget); retry after %d s"}}' % (self.limit, wait))
         rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
         await send({"type": "http.response.start", "status": 429,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"%d" % wait),
-                                (b"x-typesafe-request-id", rid)]})
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"retry-after", b"%d" % wait), (b"x-typesafe-request-id", rid)]})
         await send({"type": "http.response.body", "body": body})
