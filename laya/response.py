@@ -8,12 +8,29 @@ the way, not keys looked up in a dict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, Literal, TypeVar
 
 QType = Literal["choice", "score", "noul"]
+T = TypeVar("T")
 
 
+def pickled_by_position(cls: type[T]) -> type[T]:
+    """Pickle a slotted dataclass as its constructor and field values in order. Every answer crosses
+    the pipe to and from the engine process, and the `__getstate__` dataclasses give a slotted class
+    runs `fields()` in Python for each object: pickling and unpickling one request's two answers took
+    ~0.13 ms where the code runs cold after a forward pass, ~0.09 ms this way."""
+    values = attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
+
+    def __reduce__(self: T) -> tuple[type[T], tuple[Any, ...]]:
+        return cls, values(self)
+
+    cls.__reduce__ = __reduce__  # type: ignore[method-assign,assignment]
+    return cls
+
+
+@pickled_by_position
 @dataclass(slots=True)
 class Answer:
     """One question's answer. `value`: the chosen option's key (choice), the expected score
@@ -46,6 +63,7 @@ class Answer:
         return out
 
 
+@pickled_by_position
 @dataclass(slots=True)
 class SystemOneResponse:
     """One state's answers. `model` is the name it is served under (the server sets it);

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laya.errors import QuestionError
+from laya.limits import UNLIMITED, Limits
 from laya.questions import parse_questions
 from laya.response import Answer, SystemOneResponse
 from laya.stop import StopFlag
@@ -35,10 +36,12 @@ class ScriptedEngine:
         self.lock = threading.Lock()
 
     def prepare(self, states: list[Any], questions: dict[str, Any], deadline: float | None = None,
-                **options: Any) -> Job:
+                limits: Limits = UNLIMITED, **options: Any) -> Job:
         if "crash" in states:
             raise KeyError("an unexpected bug")
-        return Job(states, parse_questions(questions), StopFlag(deadline))
+        parsed = parse_questions(questions)
+        limits.check("rows", len(states) * len(parsed))  # as the real engines count a request's rows
+        return Job(states, parsed, StopFlag(deadline))
 
     def rows(self, job: Job) -> int:
         return len(job.states) * len(job.questions)

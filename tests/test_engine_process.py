@@ -128,6 +128,36 @@ def test_question_sets_kept_in_slots_answer_as_asked_past_every_slot():
         loop.close()
 
 
+def test_a_slot_holds_its_limits_too():
+    """The questions and the limits they were asked under travel as one slot: the same questions
+    under other limits take a slot of their own, so each request is held to its own limits (a plan's
+    are four times the server's) whatever was asked before it."""
+    from laya.limits import LimitExceeded, Limits
+    from laya.questions import parse_questions
+
+    engine = RemoteEngine(functools.partial(ScriptedEngine, name="limits"))
+    loop = asyncio.new_event_loop()
+    engine.serve_on(loop)
+    tight, loose = Limits(max_rows=1), Limits()
+    questions = parse_questions({"a": {"type": "noul"}, **URGENT})  # two rows a state
+
+    def ask(limits: Limits) -> str:
+        job = engine.prepare(["state"], parse_questions({"a": {"type": "noul"}, **URGENT}), limits=limits)
+        try:
+            loop.run_until_complete(engine.submit(job))
+        except LimitExceeded:
+            return "refused"
+        return "answered"
+
+    try:
+        assert [ask(lim) for lim in (loose, tight, loose, tight, loose)] == \
+            ["answered", "refused", "answered", "refused", "answered"]
+        assert list(engine._link.known) == [(tuple(questions), tight), (tuple(questions), loose)]  # loose asked last
+    finally:
+        engine.close()
+        loop.close()
+
+
 def test_every_question_type_crosses_kept_then_by_slot():
     """A score question's levels (a dict) do not stop its set from keying a slot: each type crosses
     whole the first time and as a slot number after (it crashed the hop with a TypeError once)."""

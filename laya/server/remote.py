@@ -10,7 +10,7 @@ One round trip a request, over one duplex pipe of `(kind, id, payload)` messages
 validated request (states, questions, limits, the seconds left before its deadline, options, the send
 time) and is answered by its results and timing, or by its refusal; `plan` carries a request to be
 prepared and reported on, never run (`laya.plan`), answered by the plan. A question set the engine
-process already holds travels as its slot number. A cancel is no message: the HTTP side writes the
+process already holds under the same limits travels as its slot number. A cancel is no message: the HTTP side writes the
 request's id on a shared board that its stop flag reads where it runs, so an abandoned request stops
 between forward passes there too, with nobody there to read the pipe meanwhile.
 
@@ -111,7 +111,7 @@ class _Link:
         self.alive = True
         self._ids = itertools.count(1)
         self._on_exit = on_exit
-        self.known: OrderedDict[tuple, int] = OrderedDict()  # questions the engine process holds -> slot
+        self.known: OrderedDict[tuple, int] = OrderedDict()  # (questions, limits) it holds -> slot
         self.pipe = Pipe(conn, loop, self._message, self._ended)
 
     def send(self, kind: str, rid: int, payload: Any) -> None:
@@ -136,18 +136,18 @@ class _Link:
             self.waiting.pop(rid, None)
 
     def send_run(self, rid: int, job: RemoteJob) -> None:
-        """Send `job` as request `rid`. From the pipe's loop its questions go as a slot number once the
-        engine process holds them (routers ask the same questions of every state, and unpickling them
-        was a third of a small request's hop), else with the slot to keep them in. Slots are given
-        (least recently used out first) only on the loop, so in the order the pipe carries them, and
-        only once the message is written."""
+        """Send `job` as request `rid`. From the pipe's loop its questions and limits go as a slot number
+        once the engine process holds them (routers ask the same questions of every state under the
+        server's one set of limits, and unpickling them was most of a small request's hop), else with
+        the slot to keep them in. Slots are given (least recently used out first) only on the loop, so
+        in the order the pipe carries them, and only once the message is written."""
         if not self.alive:
             raise EngineDied("the engine process is gone")
         questions = job.questions
         if not isinstance(questions, list) or not on_loop(self.pipe.loop):  # sent whole
-            self.pipe.send(("run", rid, job.payload()))
+            self.pipe.send(("run", rid, job.payload((None, questions, job.limits))))
             return
-        key = tuple(questions)
+        key = (tuple(questions), job.limits)
         slot = self.known.get(key)
         if slot is not None:
             self.known.move_to_end(key)
@@ -155,7 +155,7 @@ class _Link:
             return
         full = len(self.known) >= QUESTION_SLOTS
         slot = next(iter(self.known.values())) if full else len(self.known)
-        self.pipe.send(("run", rid, job.payload((slot, questions))))
+        self.pipe.send(("run", rid, job.payload((slot, questions, job.limits))))
         if full:
             self.known.popitem(last=False)
         self.known[key] = slot
@@ -271,13 +271,13 @@ class RemoteJob:
     link: _Link | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
 
-    def payload(self, questions: Any = None) -> tuple[Any, ...]:
-        """What `run` carries (`questions`: as `_Link.send_run` refers to them, else whole); the send
+    def payload(self, kept: int | tuple[int | None, Questions, Limits]) -> tuple[Any, ...]:
+        """What `run` carries: the questions and limits as `_Link.send_run` refers to them (a slot the
+        engine process holds, or `(slot to keep them in or None, questions, limits)`), and the send
         time on `time.monotonic()`, which is the machine's (its boot clock on Linux and macOS) and so
         the engine process's too: its queue time counts what the request waited in the pipe while a
         forward pass ran."""
-        return (self.states, self.questions if questions is None else questions, self.limits,
-                self.cancelled.remaining(), self.options, time.monotonic())
+        return self.states, kept, self.cancelled.remaining(), self.options, time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -548,7 +548,7 @@ class _Served:
     def __init__(self, engine: Any, conn: Any, board: Any):
         self.engine, self.conn, self.board = engine, conn, board
         self.prepared: deque[_Queued] = deque()
-        self.questions: dict[int, Questions] = {}  # slot -> questions, as the HTTP side assigned them
+        self.kept: dict[int, tuple[Questions, Limits]] = {}  # slot -> questions and limits, as the HTTP side gave them
         self.aside: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()  # from the preparing thread
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -565,13 +565,14 @@ class _Served:
 
     def prepare(self, rid: int, payload: Any) -> _Queued | None:
         """The job of a `run`, its stop flag the board's; a refusal goes back at once (None)."""
-        states, questions, limits, seconds_left, options, sent = payload
+        states, kept, seconds_left, options, sent = payload
         try:
-            if isinstance(questions, int):  # a slot the HTTP side filled before
-                questions = self.questions[questions]
-            elif isinstance(questions, tuple):  # questions to keep in a slot
-                slot, questions = questions
-                self.questions[slot] = questions
+            if isinstance(kept, int):  # a slot the HTTP side filled before
+                questions, limits = self.kept[kept]
+            else:
+                slot, questions, limits = kept
+                if slot is not None:  # to keep for the requests that follow
+                    self.kept[slot] = questions, limits
             job = self.engine.prepare(states, questions, limits=limits, deadline=after(seconds_left), **options)
         except Exception as exc:  # noqa: BLE001 - a refusal travels back as it is
             self.reply("err", rid, portable(exc))
