@@ -180,15 +180,19 @@ class Context:
         request.state.log.update(model=name, questions=len(questions), states=len(states))
         work = engine.rows(job)  # a tournament takes more rows than states x questions
         batcher.resize(rows, work)
-        task = asyncio.ensure_future(batcher.submit(job, work))
+        # awaited in this request's own task (which the watch cancels), not in a task of its own: a
+        # task between them cost a turn of the event loop on the way to the engine and one back
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI request runs in a task
         self.books.soon()  # the last requests' books, once this one has gone to its engine
         watch = Watch(request, task, job, deadline)
         try:
-            results, timing = await task
+            results, timing = await batcher.submit(job, work)
         except asyncio.CancelledError:
             if watch.why is None:  # this request's own task was cancelled (the server is stopping)
                 job.cancelled.set()
                 raise
+            task.uncancel()
             if watch.why == "gone":
                 request.state.log.update(disconnected=True)
                 raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"}) from None
