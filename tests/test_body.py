@@ -151,3 +151,36 @@ def test_the_raw_body_is_cut_at_the_cap_while_it_arrives():
         asyncio.run(read_body(declared, MiB))
     assert declared.sent == 0  # refused by its Content-Length before a byte is read
     assert asyncio.run(read_body(_Request(chunks=16, size=64 * 1024), MiB)) == b" " * MiB
+
+
+@pytest.mark.parametrize(("text", "refused"), [
+    ('{"n": %s}' % ("9" * 64), None),
+    ('{"n": %s}' % ("9" * 65), "more than 64 digits"),
+    ('{"state": "ref 12345 on 2026-11-03 for $49.99", "n": [1.5e3, 7E-2]}', None),
+    ('{"n": 1e999}', "overflows to infinity"),
+    ('{"n": -1E400}', "overflows to infinity"),
+    ('{"s": "\\ud800"}', "lone surrogate"),
+    ('{"s": "\\ud83d\\ude00 and 123456789012345678901234567890"}', None),
+])
+def test_what_only_the_walk_can_judge_is_judged(text, refused):
+    """The byte scans that let an ordinary body skip the walk must send every body the walk would
+    refuse to it: a long integer, an exponent that overflows, a lone surrogate."""
+    from laya.server.body import check_tree, parse_json
+
+    data = text.encode()
+    value = parse_json(data, no_duplicates=True)
+    if refused is None:
+        check_tree(value, data, duplicates_checked=True)
+        return
+    with pytest.raises(ApiError) as exc:
+        check_tree(value, data, duplicates_checked=True)
+    assert exc.value.status == 422 and refused in json.dumps(exc.value.detail)
+
+
+def test_an_ordinary_body_skips_the_walk_and_a_doubtful_one_does_not():
+    from laya.server.body import _nothing_to_walk
+
+    assert _nothing_to_walk(b'{"state": "Order 12345, $49.99 on 2026-11-03", "questions": {"u": {"type": "noul"}}}')
+    for doubtful in (b'{"n": 1e5}', b'{"n": 2E-3}', b'{"n": %s}' % (b"1" * 65), b'{"s": "\\uD800"}',
+                     b"[" * 65 + b"]" * 65):
+        assert not _nothing_to_walk(doubtful), doubtful
