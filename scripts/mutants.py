@@ -155,6 +155,13 @@ MUTANTS = [
     Mutant("pickle-drops-a-field", "laya/response.py", "attrgetter(*(f.name for f in fields(cls)))",
            "attrgetter(*(f.name for f in fields(cls)[:-1]))", ("tests/test_response.py",),
            "an answer's last field is lost on its way across the pipe"),
+    Mutant("aside-never-drained", REMOTE, "        if any(key.fd == self.wake_r for key, _ in ready):",
+           "        if False:", ("tests/test_engine_process.py::"
+                                "test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answered",),
+           "a request prepared on the engine process's preparing thread is never run"),
+    Mutant("walk-skips-exponents", BODY, r'rb"[0-9](?:[eE]|[0-9]{%d})" % MAX_INT_DIGITS',
+           r'rb"[0-9][0-9]{%d}" % MAX_INT_DIGITS', ("tests/test_body.py",),
+           "a number that overflows to infinity is let through"),
     Mutant("validated-remembers-refusals", "laya/api.py", "        if not found:\n", "        if True:\n",
            ("tests/test_questions.py",), "a refused question set is remembered and then let through"),
     Mutant("validated-loose-key", "laya/api.py", "        key = repr(questions)\n",

@@ -128,6 +128,30 @@ def test_question_sets_kept_in_slots_answer_as_asked_past_every_slot():
         loop.close()
 
 
+def test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answered():
+    """A request of long states is prepared on the engine process's preparing thread, which wakes the
+    main thread when it is done; small ones are prepared where they are read. Mixed and concurrent,
+    every one is answered (a missed wake-up would leave one waiting for ever), each with its own states."""
+    from laya.server.remote import SMALL_PREPARE_CHARS
+
+    engine = RemoteEngine(functools.partial(ScriptedEngine, name="aside", delay=0.01))
+    loop = asyncio.new_event_loop()
+    engine.serve_on(loop)
+    long = "x" * (SMALL_PREPARE_CHARS + 1)
+
+    async def scenario():
+        jobs = [engine.prepare([long] * (1 + i % 3) if i % 2 else [f"s{i}"], URGENT) for i in range(12)]
+        return await asyncio.wait_for(asyncio.gather(*(engine.submit(job) for job in jobs)), 30)
+
+    try:
+        for _ in range(3):
+            answered = loop.run_until_complete(scenario())
+            assert [len(results) for results, _ in answered] == [1 + i % 3 if i % 2 else 1 for i in range(12)]
+    finally:
+        engine.close()
+        loop.close()
+
+
 def test_a_slot_holds_its_limits_too():
     """The questions and the limits they were asked under travel as one slot: the same questions
     under other limits take a slot of their own, so each request is held to its own limits (a plan's

@@ -593,7 +593,8 @@ class _Served:
 
     def read(self, timeout: float | None) -> None:
         """Take in what came, waiting up to `timeout` seconds (None: until something does)."""
-        if not self.selector.select(timeout):
+        ready = self.selector.select(timeout)
+        if not ready:
             return
         while self.open and self.conn.poll(0):
             try:
@@ -608,15 +609,12 @@ class _Served:
                     self.prepared.append(item)
             else:
                 self.preparer.submit(self.prepare_aside, rid, payload)
-        with contextlib.suppress(BlockingIOError):
-            os.read(self.wake_r, 4096)
-        while True:
-            try:
-                item = self.aside.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self.prepared.append(item)
+        if any(key.fd == self.wake_r for key, _ in ready):  # the preparing thread has finished some
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 4096)
+            while not self.aside.empty():
+                if (item := self.aside.get()) is not None:
+                    self.prepared.append(item)
 
     def take(self, batching: Batching) -> list[_Queued]:
         """What is prepared, in arrival order, up to `max_rows` rows (at least one job; waiting
