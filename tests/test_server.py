@@ -294,3 +294,27 @@ def test_a_stopping_server_closes_each_connection_after_its_answer(model):
         assert r.json()["status"] == "draining"
         assert r.headers.get_list("connection") == ["close"]
         assert r.headers["x-typesafe-request-id"]
+
+
+def test_request_ids_differ_across_requests_processes_and_forks():
+    """A request without an id gets 32 hex digits of its own: the process's random half and a count;
+    a forked child (or another worker) has a random half of its own."""
+    import os
+    import subprocess
+    import sys
+
+    from laya.server.app import new_request_id
+
+    ids = [new_request_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    other = subprocess.run([sys.executable, "-c", "from laya.server.app import new_request_id as n; print(n())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert other[:16] != ids[0][:16]
+    if hasattr(os, "fork"):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, new_request_id().encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 64).decode()[:16] not in (ids[0][:16], other[:16])
