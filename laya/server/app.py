@@ -226,7 +226,8 @@ class _Ids:
         cls.prefix, cls.count = os.urandom(8).hex(), itertools.count(1)
 
 
-os.register_at_fork(after_in_child=_Ids.renew)
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_Ids.renew)
 
 
 def new_request_id() -> str:
