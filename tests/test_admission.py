@@ -201,3 +201,15 @@ def test_an_answer_at_the_door_says_its_length(refuse):
     headers = dict(start["headers"])
     assert start["status"] in (429, 503) and headers[b"x-typesafe-request-id"] == b"rid-1"
     assert headers[b"content-length"] == b"%d" % len(body["body"]) and b"retry-after" in headers
+
+
+@pytest.mark.parametrize("refuse", ["shed", "refuse_draining"])
+def test_an_answer_at_the_door_without_a_client_id_gets_one_made_as_every_other(refuse):
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(getattr(door(), refuse)(send, None))
+    rid = dict(sent[0]["headers"])[b"x-typesafe-request-id"]
+    assert len(rid) == 32 and int(rid, 16) >= 0

@@ -303,12 +303,13 @@ def test_request_ids_differ_across_requests_processes_and_forks():
     import subprocess
     import sys
 
-    from laya.server.app import new_request_id
+    from laya.server.request_ids import new_request_id
 
     ids = [new_request_id() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
-    other = subprocess.run([sys.executable, "-c", "from laya.server.app import new_request_id as n; print(n())"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    made_elsewhere = "from laya.server.request_ids import new_request_id as n; print(n())"
+    other = subprocess.run([sys.executable, "-c", made_elsewhere], capture_output=True, text=True,
+                           check=True).stdout.strip()
     assert other[:16] != ids[0][:16]
     if hasattr(os, "fork"):
         read, write = os.pipe()

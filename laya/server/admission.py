@@ -19,11 +19,11 @@ server, not the client, is the reason) and its connection closed after the answe
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
 from collections.abc import Callable
+
+from laya.server.request_ids import REQUEST_ID_RAW, new_request_id
 
 log = logging.getLogger("laya.server")
 SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions"})
@@ -43,8 +43,6 @@ class Admission:
         self.shed_total = 0
         self._shed_since_log = 0
         self._last_log = time.monotonic()
-        self._ids = itertools.count()
-        self._prefix = f"shed-{os.getpid()}-"
 
     def queued_s(self, extra: int = 0) -> float:
         """Seconds the requests inside (and `extra` more) take to drain at the measured rate. Counted
@@ -76,10 +74,10 @@ class Admission:
         self.last_seen = time.monotonic()
         body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is shutting down; '
                 b'retry after 1 s (on another instance)"}}')
-        rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
+        rid = request_id[:128] if request_id else new_request_id().encode()
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                (b"retry-after", b"1"), (b"connection", b"close"), (b"x-typesafe-request-id", rid)]})
+                                (b"retry-after", b"1"), (b"connection", b"close"), (REQUEST_ID_RAW, rid)]})
         await send({"type": "http.response.body", "body": body})
 
     async def shed(self, send, request_id: bytes | None) -> None:
@@ -96,8 +94,8 @@ class Admission:
             await asyncio.sleep(min(self.hold_s, wait))
         body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is at its limit (%d '
                 b'requests at once, or its queue budget); retry after %d s"}}' % (self.limit, wait))
-        rid = request_id[:128] if request_id else (self._prefix + str(next(self._ids))).encode()
+        rid = request_id[:128] if request_id else new_request_id().encode()
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                (b"retry-after", b"%d" % wait), (b"x-typesafe-request-id", rid)]})
+                                (b"retry-after", b"%d" % wait), (REQUEST_ID_RAW, rid)]})
         await send({"type": "http.response.body", "body": body})

@@ -4,7 +4,6 @@ and draining. The routes are `laya.server.routes`; no model logic here."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import math
@@ -26,13 +25,12 @@ from laya.server import heap, openai, routes
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
 from laya.server.metrics import Books, Metrics
+from laya.server.request_ids import REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
 from laya.server.routes import Context
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout
 
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
-REQUEST_ID = "x-typesafe-request-id"
-REQUEST_ID_RAW = REQUEST_ID.encode("latin-1")
 ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/models", "/health", "/ready",
           "/metrics", "/"}
 # The decision routes, called straight from `RequestContext` (which `LayaApp` puts in front of
@@ -111,10 +109,10 @@ class RequestContext:
             budget, _ = request_timeout(raw.decode("latin-1") if raw is not None else None, self.config)
             if self.served.draining:  # stopping: refused at once, the connection closed after the answer
                 self.metrics.request(scope["path"], 503, 0.0)
-                return await self.admission.refuse_draining(send, _request_id(scope))
+                return await self.admission.refuse_draining(send, raw_request_id(scope))
             if not self.admission.try_enter(budget):  # at the door: no body read, no parsing, no log line
                 self.metrics.shed(scope["path"])
-                return await self.admission.shed(send, _request_id(scope))
+                return await self.admission.shed(send, raw_request_id(scope))
             scope.setdefault("state", {})["deadline"] = began + budget
             try:
                 return await self._handle(scope, receive, send)
@@ -213,32 +211,6 @@ def drain_on_signals(served: Served, admission: Admission, drain_s: float) -> No
 
     for sig in previous:
         signal.signal(sig, on_signal)
-
-
-class _Ids:
-    """This process's random half of a request id, and its count of requests."""
-
-    prefix = os.urandom(8).hex()
-    count = itertools.count(1)
-
-    @classmethod
-    def renew(cls) -> None:  # a forked child counts apart from its parent
-        cls.prefix, cls.count = os.urandom(8).hex(), itertools.count(1)
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_Ids.renew)
-
-
-def new_request_id() -> str:
-    """32 hex digits, as a uuid4's: the process's random half and its count, unique across processes
-    and restarts. A uuid4 per request was a getrandom() call and a UUID object, 17 us where the code
-    runs cold against 5.5 for this."""
-    return f"{_Ids.prefix}{next(_Ids.count):016x}"
-
-
-def _request_id(scope) -> bytes | None:
-    return next((v for k, v in scope.get("headers", ()) if k.lower() == REQUEST_ID.encode()), None)
 
 
 def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = None,
