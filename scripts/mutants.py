@@ -159,6 +159,10 @@ MUTANTS = [
            "        if False:", ("tests/test_engine_process.py::"
                                 "test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answered",),
            "a request prepared on the engine process's preparing thread is never run"),
+    Mutant("restart-from-the-loop", REMOTE, "        self._restarts.put(delay)\n",
+           "        threading.Thread(target=self._restart, args=(delay,), daemon=True).start()\n",
+           ("tests/test_server_recovery.py::test_an_engine_process_started_again_runs_at_the_priority_the_first_had",),
+           "an engine process started again runs at the HTTP loop's lowered priority"),
     Mutant("walk-skips-exponents", BODY, r'rb"[0-9](?:[eE]|[0-9]{%d})" % MAX_INT_DIGITS',
            r'rb"[0-9][0-9]{%d}" % MAX_INT_DIGITS', ("tests/test_body.py",),
            "a number that overflows to infinity is let through"),

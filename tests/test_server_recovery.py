@@ -9,6 +9,7 @@ import asyncio
 import functools
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -129,6 +130,22 @@ def test_a_model_that_keeps_dying_stays_down_and_the_others_serve(two_models):
     assert metric(live.url, 'laya_engine_up{model="remote"}') == 0
     assert metric(live.url, 'laya_engine_restarts_total{model="remote"}') == FAST.max_deaths - 1
     assert metric(live.url, 'laya_engine_unavailable_total{model="remote"}') >= 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread of its own CPU priority is Linux's")
+def test_an_engine_process_started_again_runs_at_the_priority_the_first_had():
+    """The HTTP loop lowers its own CPU priority (`http_nice`) so that inference wins under load; the
+    engine process started after a death must not inherit the loop's (an unprivileged process could
+    never raise it again)."""
+    remote = scripted_remote()
+    first = os.getpriority(os.PRIO_PROCESS, remote.pid)
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1, http_nice=7))) as live:
+        assert post(live.url).status_code == 200
+        os.kill(remote.pid, signal.SIGKILL)
+        wait_until(lambda: remote.restarts == 1 and remote.state == "ready", 20.0)
+        assert os.getpriority(os.PRIO_PROCESS, remote.pid) == first
+        assert post(live.url).status_code == 200
+    remote.close()
 
 
 # --------------------------------------------------------------------------------------------- deadlines

@@ -76,6 +76,7 @@ def kill_engine_under_load(served: Served, model: str, back_within_s: float) -> 
     with SteadyLoad(served.url, BODY, clients=4) as load:
         time.sleep(2.0)
         pid = served.engine_pid(model)
+        priority = os.getpriority(os.PRIO_PROCESS, pid)
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         deadline = killed + back_within_s
@@ -90,6 +91,8 @@ def kill_engine_under_load(served: Served, model: str, back_within_s: float) -> 
     while served.engine_pid(model) == pid:
         assert time.monotonic() < deadline, f"/health still names the killed engine process:\n{served.text()}"
         time.sleep(0.1)
+    # the new process runs at the killed one's CPU priority, not at the HTTP loop's lowered one
+    assert os.getpriority(os.PRIO_PROCESS, served.engine_pid(model)) == priority, served.text()
     outcomes = load.outcomes
     bad = [o for o in outcomes if o[1] != 200 and not (o[1] in (429, 503) and o[2])]
     assert not bad, (bad[:5], served.text())

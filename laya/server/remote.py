@@ -311,10 +311,17 @@ class RemoteEngine:
         self.last_death: dict[str, Any] | None = None
         self._restart_at = 0.0  # monotonic time the pending restart starts
         self._loop = own_loop()  # where replies are read until the server serves it on its own
+        self._restarts: queue.SimpleQueue[float | None] = queue.SimpleQueue()  # delays, None to stop
         began = time.monotonic()
         self._link, info = self._spawn()
         self.start_s = time.monotonic() - began
         self.name, self.description, self.release_date, self._describe = info
+        # Restarts are started from a thread made here, at the CPU priority the engine has. A thread (and
+        # a process it starts) takes the priority of the thread that made it, and the HTTP loop lowers its
+        # own once the engines are loaded (`ServerConfig.http_nice`) so that inference wins under load: an
+        # engine process restarted from the loop's side ran at the loop's priority for good (an unprivileged
+        # process cannot raise it again).
+        threading.Thread(target=self._restarter, name="laya-restarter", daemon=True).start()
         self._set_state("ready", "")
 
     # the process
@@ -366,7 +373,11 @@ class RemoteEngine:
             self._restart_at = now + delay
             self._set_state("restarting", f"{why}; restarting it")
             log.error("%s; restarting it in %.1f s", why, delay)
-        threading.Thread(target=self._restart, args=(delay,), name=f"laya-restart-{self.name}", daemon=True).start()
+        self._restarts.put(delay)
+
+    def _restarter(self) -> None:
+        while (delay := self._restarts.get()) is not None:
+            self._restart(delay)
 
     def _restart(self, delay: float) -> None:
         time.sleep(delay)
@@ -506,6 +517,7 @@ class RemoteEngine:
     def close(self) -> None:
         with self._lock:
             self._closing = True
+        self._restarts.put(None)
         self._link.close()
 
     @property
