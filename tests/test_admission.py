@@ -213,3 +213,14 @@ def test_an_answer_at_the_door_without_a_client_id_gets_one_made_as_every_other(
     asyncio.run(getattr(door(), refuse)(send, None))
     rid = dict(sent[0]["headers"])[b"x-typesafe-request-id"]
     assert len(rid) == 32 and int(rid, 16) >= 0
+
+
+@pytest.mark.parametrize("refuse", ["shed", "refuse_draining"])
+def test_the_door_echoes_a_long_client_id_cut_as_every_answer_does(refuse):
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(getattr(door(), refuse)(send, b"r" * 300))
+    assert dict(sent[0]["headers"])[b"x-typesafe-request-id"] == b"r" * 128

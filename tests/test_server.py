@@ -319,3 +319,8 @@ def test_request_ids_differ_across_requests_processes_and_forks():
             os._exit(0)
         os.waitpid(pid, 0)
         assert os.read(read, 64).decode()[:16] not in (ids[0][:16], other[:16])
+
+
+def test_a_long_client_id_is_echoed_cut_to_128_characters(server):
+    r = post(server, {"state": STATE, "questions": {"u": URGENT}}, headers={"x-typesafe-request-id": "r" * 300})
+    assert r.status_code == 200 and r.headers["x-typesafe-request-id"] == "r" * 128

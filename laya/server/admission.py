@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from laya.server.request_ids import REQUEST_ID_RAW, new_request_id
+from laya.server.request_ids import REQUEST_ID_RAW, given_or_new
 
 log = logging.getLogger("laya.server")
 SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions"})
@@ -74,7 +74,7 @@ class Admission:
         self.last_seen = time.monotonic()
         body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is shutting down; '
                 b'retry after 1 s (on another instance)"}}')
-        rid = request_id[:128] if request_id else new_request_id().encode()
+        rid = given_or_new(request_id)
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                                 (b"retry-after", b"1"), (b"connection", b"close"), (REQUEST_ID_RAW, rid)]})
@@ -94,7 +94,7 @@ class Admission:
             await asyncio.sleep(min(self.hold_s, wait))
         body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is at its limit (%d '
                 b'requests at once, or its queue budget); retry after %d s"}}' % (self.limit, wait))
-        rid = request_id[:128] if request_id else new_request_id().encode()
+        rid = given_or_new(request_id)
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                                 (b"retry-after", b"%d" % wait), (REQUEST_ID_RAW, rid)]})

@@ -25,7 +25,7 @@ from laya.server import heap, openai, routes
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
 from laya.server.metrics import Books, Metrics
-from laya.server.request_ids import REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
+from laya.server.request_ids import CLIENT_ID_CHARS, REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
 from laya.server.routes import Context
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout
 
@@ -122,7 +122,7 @@ class RequestContext:
 
     async def _handle(self, scope, receive, send):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        rid = (headers.get(REQUEST_ID) or "")[:128] or new_request_id()
+        rid = (headers.get(REQUEST_ID) or "")[:CLIENT_ID_CHARS] or new_request_id()
         state = scope.setdefault("state", {})
         state["rid"], state["log"] = rid, {}
         status = {"code": 500, "started": False}

@@ -7,6 +7,7 @@ import os
 
 REQUEST_ID = "x-typesafe-request-id"
 REQUEST_ID_RAW = REQUEST_ID.encode("latin-1")
+CLIENT_ID_CHARS = 128  # of a client's own id, what is echoed back and logged
 
 
 class _Ids:
@@ -34,3 +35,8 @@ def new_request_id() -> str:
 def raw_request_id(scope) -> bytes | None:
     """The client's id in a request's raw headers, if it sent one."""
     return next((v for k, v in scope.get("headers", ()) if k.lower() == REQUEST_ID_RAW), None)
+
+
+def given_or_new(given: bytes | None) -> bytes:
+    """The id an answer carries: the client's (cut to `CLIENT_ID_CHARS`), or a new one."""
+    return given[:CLIENT_ID_CHARS] if given else new_request_id().encode()
