@@ -12,14 +12,19 @@ default: the model in an engine process) started for the run on the loopback int
 figure is also given as what it adds to the bare forward, the quantity the targets are about
 (predict <= forward + 0.5 ms, HTTP p50 <= forward + 1.5 ms, p99 <= forward + 5 ms).
 
-HTTP is measured from a lean client (`http.client`, one keep-alive connection), so the figure is the
-server's; the same from an `httpx.Client` is printed beside it, with what that client adds itself,
-and the same from a second server started with `--single-process` (the model in the server's own
-process), with what the engine process costs at p50 and p99. Beside them, the floor: the same client
-against `bare_asgi.py` (an ASGI app that only parses the body, keeps a thread busy for the forward's
-median and answers a few bytes) under the same uvicorn, so the stack's own cost is what it adds above
-that: what is left of the floor over the forward is the HTTP round trip and waking the event loop's
-code after a forward pass, which any Python server pays on this machine.
+HTTP is measured from a raw client (`serving.RawConnection`: one keep-alive socket, the request's
+bytes built once, the answer read to its `content-length`), so the figure is the server's. The same
+from `http.client` and from an `httpx.Client` is printed beside it, with what each client adds itself
+(`http.client` parses every header through the `email` package: about 0.2 ms a request here, which
+this benchmark once counted as the server's). With `wrk` on the PATH, its p50 and p99 at one
+connection (a client in C, requests back to back for five seconds) are printed too, a check on the
+raw client that shares no code with it. Beside them, the same from a second server started with
+`--single-process` (the model in the server's own process), with what the engine process costs at
+p50 and p99; and the floor: the raw client against `bare_asgi.py` (an ASGI app that only parses the
+body, keeps a thread busy for the forward's median and answers a few bytes) under the same uvicorn,
+so the stack's own cost is what it adds above that: what is left of the floor over the forward is
+the HTTP round trip and waking the event loop's code after a forward pass, which any Python server
+pays on this machine.
 
 Then the hop to the engine process: the engine's `prepare` + `execute` of the request in this process,
 and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
@@ -36,6 +41,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +55,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from serving import free_port, wait_ready
+from serving import RawConnection, free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent
 QUESTIONS = {
@@ -132,32 +139,38 @@ def main() -> None:
                    "bare": start_bare_server()}
         try:
             body = {"model": "enc", "state": STATE, "questions": QUESTIONS}
-            raw = json.dumps(body).encode()
-            lean = {name: HTTPConnection("127.0.0.1", port, timeout=30) for name, (_, port, _) in servers.items()}
+            payload = json.dumps(body).encode()
+            raw = {name: RawConnection(port) for name, (_, port, _) in servers.items()}
+            lean = HTTPConnection("127.0.0.1", servers["http"][1], timeout=30)
             with httpx.Client(base_url=f"http://127.0.0.1:{servers['http'][1]}", timeout=30) as client:
                 def post() -> None:
                     response = client.post("/v1/systemone", json=body)
                     if response.status_code != 200:
                         raise SystemExit(f"HTTP {response.status_code}: {response.text[:500]}")
 
-                def poster(conn: HTTPConnection, headers: dict[str, str] | None = None):
-                    headers = {"content-type": "application/json", **(headers or {})}
+                def post_lean() -> None:
+                    lean.request("POST", "/v1/systemone", payload, {"content-type": "application/json"})
+                    response = lean.getresponse()
+                    text = response.read()
+                    if response.status != 200:
+                        raise SystemExit(f"HTTP {response.status}: {text[:500]!r}")
 
-                    def post_lean() -> None:
-                        conn.request("POST", "/v1/systemone", raw, headers)
-                        response = conn.getresponse()
-                        text = response.read()
-                        if response.status != 200:
-                            raise SystemExit(f"HTTP {response.status}: {text[:500]!r}")
-                    return post_lean
+                def poster(name: str, headers: dict[str, str] | None = None):
+                    call = raw[name].poster("/v1/systemone", payload, headers)
+
+                    def post_raw() -> None:
+                        status, text = call()
+                        if status != 200:
+                            raise SystemExit(f"HTTP {status}: {text[:500]!r}")
+                    return post_raw
 
                 work_ms = statistics.median(timed(lambda: model.runtime.forward(batch), 50))
                 # interleaved in rounds of 10 calls each, so drift of a shared machine touches them all alike
                 calls = {"forward": lambda: model.runtime.forward(batch),
                          "tiny": lambda: model.runtime.forward(tiny),
-                         "predict": lambda: model.predict(STATE, QUESTIONS), "http": poster(lean["http"]),
-                         "httpx": post, "single": poster(lean["single"]),
-                         "bare": poster(lean["bare"], {"x-work-ms": f"{work_ms:.3f}"})}
+                         "predict": lambda: model.predict(STATE, QUESTIONS), "http": poster("http"),
+                         "http.client": post_lean, "httpx": post, "single": poster("single"),
+                         "bare": poster("bare", {"x-work-ms": f"{work_ms:.3f}"})}
                 times: dict[str, list[float]] = {name: [] for name in [*calls, "paused"]}
                 for call in calls.values():
                     timed(call, 0, warmup=20)
@@ -167,6 +180,7 @@ def main() -> None:
                         times[name] += timed(call, 10, warmup=1)
                     time.sleep(0.05)
                     times["paused"] += timed(calls["forward"], 10, warmup=0, pause_s=PAUSE_S)
+            native = wrk_latency(servers["http"][1], payload)
         finally:
             for server, _, log in servers.values():
                 server.terminate()
@@ -183,8 +197,12 @@ def main() -> None:
               + "   (the fixed cost of a forward)")
         print(line("Model.predict", predict, f50))
         print(line("HTTP, 1 keep-alive connection", http, f50))
-        print(line("  the same from an httpx.Client", times["httpx"], f50)
-              + f"   (the client's own cost: +{statistics.median(times['httpx']) - statistics.median(http):.2f} ms)")
+        for name in ("http.client", "httpx"):
+            print(line(f"  the same from {'an httpx.Client' if name == 'httpx' else name}", times[name], f50)
+                  + f"   (the client's own cost: +{statistics.median(times[name]) - statistics.median(http):.2f} ms)")
+        if native:
+            print(f"  the same from wrk, back to back      p50 {native[0]:7.2f} ms   p99 {native[1]:7.2f} ms"
+                  f"   ({native[0] - f50:+.2f} / {native[1] - f50:+.2f} ms over the forward)")
         print(line("  the same, serve --single-process", times["single"], f50)
               + f"   (the engine process costs +{statistics.median(http) - statistics.median(times['single']):.2f}"
               f" / +{float(np.percentile(http, 99) - np.percentile(times['single'], 99)):.2f} ms)")
@@ -197,6 +215,27 @@ def main() -> None:
         print(f"  p99 beside the forward's own p99 ({f99:.2f} ms): HTTP {float(np.percentile(http, 99)) - f99:+.2f} ms,"
               f" single-process {float(np.percentile(times['single'], 99)) - f99:+.2f} ms")
         hop(folder, args, model)
+
+
+def wrk_latency(port: int, payload: bytes, seconds: int = 5) -> tuple[float, float] | None:
+    """p50 and p99 in ms of `wrk` at one connection POSTing `payload` for `seconds`, or None without wrk."""
+    if shutil.which("wrk") is None:
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                     f"wrk.body = {json.dumps(payload.decode())}\n")
+        script.flush()
+        command = ["wrk", "-t1", "-c1", f"-d{seconds}s", "--latency", "-s", script.name,
+                   f"http://127.0.0.1:{port}/v1/systemone"]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out:
+        raise SystemExit(f"wrk met answers other than 200:\n{out}")
+    units = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+    found = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+(?:us|ms|s))$", out, re.MULTILINE))
+    if set(found) != {"50", "99"}:
+        raise SystemExit(f"wrk's latency lines not found:\n{out}")
+    ms = {k: float(re.match(r"[\d.]+", v)[0]) * units[re.sub(r"[\d.]+", "", v)] for k, v in found.items()}
+    return ms["50"], ms["99"]
 
 
 def start_server(folder: Path, args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen, int, Any]:

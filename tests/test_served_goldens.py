@@ -78,3 +78,25 @@ def test_every_golden_case_through_the_engine_process(server):
                 answered += 1
     assert answered >= 2 * 35
     assert {q["type"] for c in RECORD["cases"] for q in c["questions"].values()} == {"choice", "score", "noul"}
+
+
+def test_the_benchmarks_raw_client_reads_the_answers_httpx_reads(server):
+    """`benchmarks/overhead.py` times HTTP through `serving.RawConnection`; it must read whole answers,
+    their status and bytes the same as a full client does, or its figure would time something else."""
+    from serving import RawConnection
+
+    case = next(c for c in RECORD["cases"] if c["id"] not in REFUSED and "error" not in c)
+    body = json.dumps({"model": case["checkpoint"], "state": case["state"], "questions": case["questions"]}).encode()
+    port = int(server.rsplit(":", 1)[1])
+    raw = RawConnection(port)
+    try:
+        post, broken = raw.poster("/v1/systemone", body), raw.poster("/v1/systemone", b'{"model": ')
+        for _ in range(3):  # one keep-alive connection: each answer read to its end and no further
+            status, text = post()
+            assert status == 200
+            want = httpx.post(server + "/v1/systemone", content=body, headers={"content-type": "application/json"})
+            assert json.loads(text)["answers"] == want.json()["answers"]
+            status, text = broken()
+            assert status == 422 and json.loads(text)["detail"]
+    finally:
+        raw.close()
