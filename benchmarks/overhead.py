@@ -18,13 +18,13 @@ from `http.client` and from an `httpx.Client` is printed beside it, with what ea
 (`http.client` parses every header through the `email` package: about 0.2 ms a request here, which
 this benchmark once counted as the server's). With `wrk` on the PATH, its p50 and p99 at one
 connection (a client in C, requests back to back for five seconds) are printed too, a check on the
-raw client that shares no code with it. Beside them, the same from a second server started with
-`--single-process` (the model in the server's own process), with what the engine process costs at
-p50 and p99; and the floor: the raw client against `bare_asgi.py` (an ASGI app that only parses the
-body, keeps a thread busy for the forward's median and answers a few bytes) under the same uvicorn,
-so the stack's own cost is what it adds above that: what is left of the floor over the forward is
-the HTTP round trip and waking the event loop's code after a forward pass, which any Python server
-pays on this machine.
+raw client that shares no code with it, set beside forwards timed just before and after it. Beside
+them, the same from a second server started with `--single-process` (the model in the server's own
+process), with what the engine process costs at p50 and p99; and the floor: the raw client against
+`bare_asgi.py` (an ASGI app that only parses the body, keeps a thread busy for the forward's median
+and answers a few bytes) under the same uvicorn, so the stack's own cost is what it adds above that:
+what is left of the floor over the forward is the HTTP round trip and waking the event loop's code
+after a forward pass, which any Python server pays on this machine.
 
 Then the hop to the engine process: the engine's `prepare` + `execute` of the request in this process,
 and the same through `RemoteEngine` (the model in a process of its own, as `laya serve` runs it).
@@ -180,7 +180,12 @@ def main() -> None:
                         times[name] += timed(call, 10, warmup=1)
                     time.sleep(0.05)
                     times["paused"] += timed(calls["forward"], 10, warmup=0, pause_s=PAUSE_S)
-            native = wrk_latency(servers["http"][1], payload)
+            # wrk runs for seconds on end, so its figure is set beside forwards timed just before and after it
+            native = None
+            if shutil.which("wrk"):
+                before = timed(calls["forward"], 50)
+                p50, p99 = wrk_latency(servers["http"][1], payload)
+                native = p50, p99, statistics.median(before + timed(calls["forward"], 50))
         finally:
             for server, _, log in servers.values():
                 server.terminate()
@@ -201,8 +206,9 @@ def main() -> None:
             print(line(f"  the same from {'an httpx.Client' if name == 'httpx' else name}", times[name], f50)
                   + f"   (the client's own cost: +{statistics.median(times[name]) - statistics.median(http):.2f} ms)")
         if native:
-            print(f"  the same from wrk, back to back      p50 {native[0]:7.2f} ms   p99 {native[1]:7.2f} ms"
-                  f"   ({native[0] - f50:+.2f} / {native[1] - f50:+.2f} ms over the forward)")
+            p50, p99, around = native
+            print(f"    the same from wrk, back to back  p50 {p50:7.2f} ms   p99 {p99:7.2f} ms   ({p50 - around:+.2f} /"
+                  f" {p99 - around:+.2f} ms over the forward's {around:.2f} ms, timed around it)")
         print(line("  the same, serve --single-process", times["single"], f50)
               + f"   (the engine process costs +{statistics.median(http) - statistics.median(times['single']):.2f}"
               f" / +{float(np.percentile(http, 99) - np.percentile(times['single'], 99)):.2f} ms)")
@@ -217,10 +223,8 @@ def main() -> None:
         hop(folder, args, model)
 
 
-def wrk_latency(port: int, payload: bytes, seconds: int = 5) -> tuple[float, float] | None:
-    """p50 and p99 in ms of `wrk` at one connection POSTing `payload` for `seconds`, or None without wrk."""
-    if shutil.which("wrk") is None:
-        return None
+def wrk_latency(port: int, payload: bytes, seconds: int = 5) -> tuple[float, float]:
+    """p50 and p99 in ms of `wrk` at one connection POSTing `payload` for `seconds`."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
         script.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                      f"wrk.body = {json.dumps(payload.decode())}\n")
