@@ -202,8 +202,8 @@ def main() -> None:
               + "   (the fixed cost of a forward)")
         print(line("Model.predict", predict, f50))
         print(line("HTTP, 1 keep-alive connection", http, f50))
-        for name in ("http.client", "httpx"):
-            print(line(f"  the same from {'an httpx.Client' if name == 'httpx' else name}", times[name], f50)
+        for name, client in (("http.client", "http.client"), ("httpx", "an httpx.Client")):
+            print(line(f"  the same from {client}", times[name], f50)
                   + f"   (the client's own cost: +{statistics.median(times[name]) - statistics.median(http):.2f} ms)")
         if native:
             p50, p99, around = native
@@ -235,10 +235,10 @@ def wrk_latency(port: int, payload: bytes, seconds: int = 5) -> tuple[float, flo
     if "Non-2xx" in out:
         raise SystemExit(f"wrk met answers other than 200:\n{out}")
     units = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
-    found = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+(?:us|ms|s))$", out, re.MULTILINE))
-    if set(found) != {"50", "99"}:
+    ms = {pct: float(value) * units[unit]
+          for pct, value, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)$", out, re.MULTILINE)}
+    if set(ms) != {"50", "99"}:
         raise SystemExit(f"wrk's latency lines not found:\n{out}")
-    ms = {k: float(re.match(r"[\d.]+", v)[0]) * units[re.sub(r"[\d.]+", "", v)] for k, v in found.items()}
     return ms["50"], ms["99"]
 
 
