@@ -143,6 +143,11 @@ MUTANTS = [
            "ONNX Runtime's pool spins on after every forward pass"),
     Mutant("placement-caller-free", "laya/encoder/runtimes/placement.py", "os.sched_setaffinity(0, (self.caller,))",
            "pass", ("tests/test_placement.py",), "the calling thread of a forward is not pinned to its own core"),
+    Mutant("placement-dedicated-freed", "laya/encoder/runtimes/placement.py", "if me == _dedicated:", "if False:",
+           ("tests/test_placement.py",), "the engine process's forward thread is pinned and freed around every call"),
+    Mutant("engine-thread-not-dedicated", REMOTE, "        dedicate_this_thread()  #", "        pass  #",
+           ("tests/test_placement.py::test_the_engine_process_keeps_its_forward_thread_on_one_core",),
+           "the engine process does not name its main thread as the one that runs forward passes"),
     Mutant("placement-pool-free", ONNX, 'options.add_session_config_entry("session.intra_op_thread_affinities", '
            'placement.affinities())', "pass", ("tests/test_placement.py",),
            "ONNX Runtime's pool threads are not pinned to the cores left to them"),

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import threading
 
 import pytest
 
-from laya.server.pipe import Pipe
+from laya.server.pipe import Pipe, framed, pickled
 
 
 class Near:
@@ -68,6 +69,29 @@ def test_messages_of_any_size_cross_whole_both_ways(near):
     assert near.got == [("ok", 1, "small"), ("ok", 2, big), ("ok", 3, {"nested": [big[:1000], 7]})]
     near.pipe.send(("run", 4, big))  # from a thread that is not the loop's
     assert near.far.recv() == ("run", 4, big)
+
+
+def test_a_message_is_the_bytes_connection_send_writes():
+    """Either end pickles with plain `pickle` (`pickled`), not `Connection.send`'s ForkingPickler: the
+    same bytes for what crosses (typed answers, timings, refusals), framed the same way."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from laya.errors import QuestionError
+    from laya.response import Answer, SystemOneResponse
+    from laya.server.batcher import Timing
+
+    answer = Answer("choice", "a", {"a": 0.75, "b": 0.25}, 0.5, extras={"x_act_probability": 0.1})
+    reply = ("ok", 7, ([SystemOneResponse("m", {"q": answer}, 12, {"rows": 1})], Timing(0.1, 3.2, 2, 1, True)))
+    refusal = ("err", 8, QuestionError("too long", qid="q", error_type="question_too_long"))
+    for message in (reply, refusal, ("run", 9, (["a state"], 3, 1.5, {"tournament": None}, 12.0))):
+        assert pickled(message) == ForkingPickler.dumps(message)
+        near, far = multiprocessing.Pipe(duplex=True)
+        near.send_bytes(pickled(message))
+        assert repr(far.recv()) == repr(message)
+        os.write(near.fileno(), framed(message))  # the frame as the HTTP side writes it on its socket
+        assert repr(far.recv()) == repr(message)
+        near.close()
+        far.close()
 
 
 def test_a_send_the_far_end_does_not_read_waits_here_not_in_the_loop(near):

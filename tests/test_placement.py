@@ -3,6 +3,8 @@ takes every core, nothing pinned otherwise, the calling thread pinned only for i
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import sys
 import threading
@@ -70,6 +72,58 @@ def test_the_caller_is_pinned_for_its_call_only_and_a_second_caller_is_not():
     with place.pinned():
         assert os.sched_getaffinity(0) == {target}
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_a_dedicated_thread_stays_pinned_and_a_second_caller_meanwhile_is_not(monkeypatch):
+    monkeypatch.setattr(placement, "_dedicated", None)
+    allowed = os.sched_getaffinity(0)
+    target = min(allowed)
+    place = Placement(caller=target, pool=())
+    seen: dict[str, set[int]] = {}
+
+    def engine_thread() -> None:  # as the engine process's main thread: dedicated, then one call after another
+        placement.dedicate_this_thread()
+        seen["before"] = os.sched_getaffinity(0)
+        with place.pinned():
+            seen["first"] = os.sched_getaffinity(0)
+        seen["between"] = os.sched_getaffinity(0)
+        with place.pinned():
+            seen["second"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join(10)
+    assert seen["before"] == allowed
+    assert seen["first"] == seen["between"] == seen["second"] == {target}
+    with place.pinned():  # another thread, while the dedicated one holds the core: left where it is
+        assert os.sched_getaffinity(0) == allowed
+    assert os.sched_getaffinity(0) == allowed
+
+
+def test_the_engine_process_keeps_its_forward_thread_on_one_core(tmp_path):
+    need("onnxruntime")
+    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+    from laya.server.remote import RemoteEngine
+    from laya.server.serve import ModelSpec, ServeOptions, load_engine
+
+    cores = placement.one_per_core()
+    if len(cores) < 2:
+        pytest.skip("one core: nothing is pinned")
+    folder = write_test_checkpoint(tmp_path / "ckpt", TestCheckpointSpec())
+    remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(folder), name="enc"),
+                                            ServeOptions(runtime="onnx", threads=len(cores))))
+    loop = asyncio.new_event_loop()
+    try:
+        remote.serve_on(loop)
+        for _ in range(2):
+            job = remote.prepare(["The server is down."], {"u": {"type": "noul", "instructions": "Is it urgent?"}})
+            (answer,), _ = loop.run_until_complete(remote.submit(job))
+            assert 0.0 <= answer.answers["u"].value <= 1.0
+            assert os.sched_getaffinity(remote.pid) == {cores[0]}  # its main thread, pinned by the warm-up
+    finally:
+        remote.close()
+        loop.close()
 
 
 def test_the_onnx_runtime_pins_its_pool_when_it_takes_every_core(monkeypatch, tmp_path):

@@ -54,13 +54,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from laya.encoder.runtimes.placement import dedicate_this_thread
 from laya.errors import LayaError, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Questions
 from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.batcher import Timing, Unavailable, run_together
-from laya.server.pipe import Pipe, on_loop, own_loop
+from laya.server.pipe import Pipe, on_loop, own_loop, pickled
 from laya.stop import StopFlag, after
 
 log = logging.getLogger("laya.server")
@@ -530,6 +531,7 @@ def _serve_engine(conn, load, batching: Batching, board) -> None:
     """The engine process: load, warm up, then serve `run` and `plan` until the pipe closes."""
     try:
         engine = load()
+        dedicate_this_thread()  # this thread runs the forward passes, and reads and prepares only between them
         engine.warmup()
         heap.freeze_loaded()  # this process lives for its engine: nothing is thawed
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails with it
@@ -573,7 +575,7 @@ class _Served:
 
     def reply(self, kind: str, rid: int, payload: Any) -> None:
         with self.send_lock, contextlib.suppress(OSError):  # a server gone away reads no reply
-            self.conn.send((kind, rid, payload))
+            self.conn.send_bytes(pickled((kind, rid, payload)))
 
     def prepare(self, rid: int, payload: Any) -> _Queued | None:
         """The job of a `run`, its stop flag the board's; a refusal goes back at once (None)."""
