@@ -108,8 +108,8 @@ def test_the_engine_process_keeps_its_forward_thread_on_one_core(tmp_path):
     from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
     cores = placement.one_per_core()
-    if len(cores) < 2:
-        pytest.skip("one core: nothing is pinned")
+    # one core: nothing is pinned, and the process keeps the CPU set it was given
+    expected = {cores[0]} if len(cores) >= 2 else os.sched_getaffinity(0)
     folder = write_test_checkpoint(tmp_path / "ckpt", TestCheckpointSpec())
     remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(folder), name="enc"),
                                             ServeOptions(runtime="onnx", threads=len(cores))))
@@ -120,7 +120,7 @@ def test_the_engine_process_keeps_its_forward_thread_on_one_core(tmp_path):
             job = remote.prepare(["The server is down."], {"u": {"type": "noul", "instructions": "Is it urgent?"}})
             (answer,), _ = loop.run_until_complete(remote.submit(job))
             assert 0.0 <= answer.answers["u"].value <= 1.0
-            assert os.sched_getaffinity(remote.pid) == {cores[0]}  # its main thread, pinned by the warm-up
+            assert os.sched_getaffinity(remote.pid) == expected  # its main thread, pinned by the warm-up
     finally:
         remote.close()
         loop.close()
