@@ -87,12 +87,13 @@ def kill_engine_under_load(served: Served, model: str, back_within_s: float) -> 
         time.sleep(1.0)
     # with --workers the first answer after the kill may be the other worker's, while the worker whose
     # engine died still restarts it (and names the dead process): wait, within the same bound, for /health
-    # to name another
-    while served.engine_pid(model) == pid:
+    # to name another. The pid read is the one checked: with --workers a second read may reach the worker
+    # whose engine died, still naming the dead process
+    while (now := served.engine_pid(model)) == pid:
         assert time.monotonic() < deadline, f"/health still names the killed engine process:\n{served.text()}"
         time.sleep(0.1)
     # the new process runs at the killed one's CPU priority, not at the HTTP loop's lowered one
-    assert os.getpriority(os.PRIO_PROCESS, served.engine_pid(model)) == priority, served.text()
+    assert os.getpriority(os.PRIO_PROCESS, now) == priority, served.text()
     outcomes = load.outcomes
     bad = [o for o in outcomes if o[1] != 200 and not (o[1] in (429, 503) and o[2])]
     assert not bad, (bad[:5], served.text())
