@@ -26,15 +26,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from overhead import QUESTIONS, STATE
-from serving import RawConnection, free_port, wait_ready
+from overhead import QUESTIONS, STATE, started, timed
+from serving import RawConnection
 
 HTTP_NICE = 10  # as `laya serve` lowers its HTTP loop's priority once the engines are loaded
 
@@ -67,6 +67,8 @@ class LeanFront:
                 body, self.body = b"".join(self.body), []
                 if self.url == b"/v1/systemone":
                     asyncio.get_running_loop().create_task(front.answer(self.transport, body))
+                elif self.url == b"/ready":  # as `serving.wait_ready` asks once the engine is up
+                    self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                 else:
                     self.transport.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
 
@@ -104,36 +106,30 @@ async def serve(folder: str, port: int, checks: bool) -> None:
     engine.serve_on(loop)
     os.nice(HTTP_NICE)
     server = await loop.create_server(LeanFront(engine, Limits(), checks), "127.0.0.1", port)
-    print("ready", flush=True)
     await server.serve_forever()
 
 
-def start(kind: str, folder: Path, checks: bool) -> tuple[subprocess.Popen, RawConnection]:
-    port = free_port()
+def start(kind: str, folder: Path, checks: bool) -> tuple[subprocess.Popen, RawConnection, Any]:
+    """`laya serve` (as `overhead.py` starts it) or the lean front over the checkpoint, ready."""
     if kind == "laya":
-        command = [sys.executable, "-m", "laya.cli", "serve", "-m", f"enc={folder}", "-r", "onnx",
-                   "--threads", "2", "--port", str(port)]
+        command = ["-m", "laya.cli", "serve", "-m", f"enc={folder}", "-r", "onnx", "--threads", "2"]
     else:
-        command = [sys.executable, __file__, "--serve", str(folder), str(port), *(["--checks"] if checks else [])]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    if kind == "laya":
-        if not wait_ready(f"http://127.0.0.1:{port}", process, 180):
-            raise SystemExit("laya serve did not start")
-    elif process.stdout.readline().strip() != b"ready":
-        raise SystemExit("the lean front did not start")
-    return process, RawConnection(port)
+        command = [__file__, "--serve", str(folder), *(["--checks"] if checks else [])]
+    process, port, log = started(command, "laya serve" if kind == "laya" else "the lean front", 180)
+    return process, RawConnection(port), log
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--checks", action="store_true", help="the lean front runs the body's hostile-input checks")
-    parser.add_argument("--serve", nargs=2, metavar=("FOLDER", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", metavar="FOLDER", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         import uvloop
 
-        uvloop.run(serve(args.serve[0], int(args.serve[1]), args.checks))
+        uvloop.run(serve(args.serve, args.port, args.checks))
         return
     warnings.simplefilter("ignore")
     from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
@@ -145,7 +141,7 @@ def main() -> None:
                    (("laya serve", "laya"), (lean, "lean"), ("laya serve #2", "laya"), (f"{lean} #2", "lean"))}
         try:
             body = json.dumps({"model": "enc", "state": STATE, "questions": QUESTIONS}).encode()
-            posts = {name: connection.poster("/v1/systemone", body) for name, (_, connection) in servers.items()}
+            posts = {name: connection.poster("/v1/systemone", body) for name, (_, connection, _) in servers.items()}
             answers = {}
             for name, post in posts.items():
                 for _ in range(30):
@@ -159,16 +155,13 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, post in posts.items():
                     time.sleep(0.05)
-                    post()
-                    for _ in range(10):
-                        began = time.perf_counter()
-                        post()
-                        times[name].append((time.perf_counter() - began) * 1000)
+                    times[name] += timed(post, 10, warmup=1)
         finally:
-            for process, connection in servers.values():
+            for process, connection, log in servers.values():
                 connection.close()
                 process.terminate()
                 process.wait(30)
+                log.close()
     base = statistics.median(times["laya serve"] + times["laya serve #2"])
     for name, ms in times.items():
         p50, p90, p99 = (float(np.percentile(ms, q)) for q in (50, 90, 99))

@@ -100,18 +100,15 @@ def test_a_dedicated_thread_stays_pinned_and_a_second_caller_meanwhile_is_not(mo
     assert os.sched_getaffinity(0) == allowed
 
 
-def test_the_engine_process_keeps_its_forward_thread_on_one_core(tmp_path):
+def test_the_engine_process_keeps_its_forward_thread_on_one_core(checkpoint_dir):
     need("onnxruntime")
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
     from laya.server.remote import RemoteEngine
     from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
     cores = placement.one_per_core()
     # one core: nothing is pinned, and the process keeps the CPU set it was given
     expected = {cores[0]} if len(cores) >= 2 else os.sched_getaffinity(0)
-    folder = write_test_checkpoint(tmp_path / "ckpt", TestCheckpointSpec())
-    remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(folder), name="enc"),
+    remote = RemoteEngine(functools.partial(load_engine, ModelSpec(str(checkpoint_dir), name="enc"),
                                             ServeOptions(runtime="onnx", threads=len(cores))))
     loop = asyncio.new_event_loop()
     try:
