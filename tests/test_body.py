@@ -12,9 +12,11 @@ import zlib
 
 import pytest
 import zstandard
+from starlette.requests import ClientDisconnect
 
 from laya.api import ApiError
 from laya.server.body import decode, read_body
+from laya.server.call import Call
 
 MiB = 1 << 20
 CAP = 8 * MiB  # --max-body-mb's default
@@ -128,29 +130,39 @@ def test_identity_unknown_and_corrupt_bodies():
         assert corrupt.value.status == 400, encoding
 
 
-class _Request:
-    def __init__(self, chunks: int, size: int, declared: str | None = None):
-        self.headers = {"content-length": declared} if declared is not None else {}
-        self.sent = 0
-        self._chunks, self._size = chunks, size
+def _call(chunks: int, size: int, declared: str | None = None) -> Call:
+    """A request whose body comes as `chunks` ASGI messages of `size` bytes; `sent` counts them."""
 
-    async def stream(self):
-        for _ in range(self._chunks):
-            self.sent += 1
-            yield b" " * self._size
+    async def receive():
+        receive.sent += 1
+        return {"type": "http.request", "body": b" " * size, "more_body": receive.sent < chunks}
+
+    receive.sent = 0
+    return Call({"type": "http"}, receive, {"content-length": declared} if declared is not None else {})
 
 
 def test_the_raw_body_is_cut_at_the_cap_while_it_arrives():
-    request = _Request(chunks=1000, size=64 * 1024)  # 64 MB, no length declared
+    request = _call(chunks=1000, size=64 * 1024)  # 64 MB, no length declared
     with pytest.raises(ApiError) as refused:
         asyncio.run(read_body(request, MiB))
     assert refused.value.status == 413
-    assert request.sent == MiB // (64 * 1024) + 1  # stopped at the first chunk past the cap
-    declared = _Request(chunks=1, size=10, declared=str(MiB + 1))
+    assert request.receive.sent == MiB // (64 * 1024) + 1  # stopped at the first chunk past the cap
+    declared = _call(chunks=1, size=10, declared=str(MiB + 1))
     with pytest.raises(ApiError):
         asyncio.run(read_body(declared, MiB))
-    assert declared.sent == 0  # refused by its Content-Length before a byte is read
-    assert asyncio.run(read_body(_Request(chunks=16, size=64 * 1024), MiB)) == b" " * MiB
+    assert declared.receive.sent == 0  # refused by its Content-Length before a byte is read
+    assert asyncio.run(read_body(_call(chunks=16, size=64 * 1024), MiB)) == b" " * MiB
+    assert asyncio.run(read_body(_call(chunks=1, size=0), MiB)) == b""
+
+
+def test_a_caller_gone_while_its_body_comes_is_a_disconnect():
+    messages = iter([{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(messages)
+
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(read_body(Call({"type": "http"}, receive, {}), MiB))
 
 
 @pytest.mark.parametrize(("text", "refused"), [

@@ -4,7 +4,6 @@ and draining. The routes are `laya.server.routes`; no model logic here."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -16,7 +15,6 @@ from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
 
 from laya.api import ApiError
 from laya.engine import Engine
@@ -24,6 +22,7 @@ from laya.errors import LayaError
 from laya.server import heap, openai, routes
 from laya.server.admission import SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
+from laya.server.call import Call, Reply, headers_of
 from laya.server.metrics import Books, Metrics
 from laya.server.request_ids import CLIENT_ID_CHARS, REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
 from laya.server.routes import Context
@@ -37,8 +36,9 @@ ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/m
 # FastAPI) instead of through FastAPI's and Starlette's layers of middleware, routing and endpoint
 # wrapping (error, telemetry and body-limit middleware, exception handlers, exit stacks, the router,
 # the route's request handler): 0.36 ms of a decision's ~4 ms around the model on a two-core machine
-# (interleaved A/B). FastAPI still registers them, for the OpenAPI document and for every other method
-# or a mounted prefix on these paths.
+# (interleaved A/B). They read a `Call` and return a `Reply` (laya.server.call), not Starlette's
+# request and response objects. FastAPI still registers them, for the OpenAPI document and for every
+# other method or a mounted prefix on these paths.
 DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch,
           ("POST", "/v1/chat/completions"): openai.chat_completions}
 
@@ -121,56 +121,65 @@ class RequestContext:
         return await self._handle(scope, receive, send)
 
     async def _handle(self, scope, receive, send):
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers = headers_of(scope)
         rid = (headers.get(REQUEST_ID) or "")[:CLIENT_ID_CHARS] or new_request_id()
         state = scope.setdefault("state", {})
         state["rid"], state["log"] = rid, {}
-        status = {"code": 500, "started": False}
+        status = [500, False]  # the status sent, and whether the response has begun
         began = time.perf_counter()
-
-        async def send_with_id(message):
-            if message["type"] == "http.response.start":
-                raw = list(message.get("headers", ()))
-                raw.append((REQUEST_ID_RAW, rid.encode("latin-1")))
-                if self.served.draining:  # no further request on this connection: the server is stopping
-                    raw = [h for h in raw if h[0].lower() != b"connection"] + [(b"connection", b"close")]
-                message["headers"] = raw
-                status["code"], status["started"] = message["status"], True
-            await send(message)
-
         try:
             refused = guard(headers, self.config)
+            route = DIRECT.get((scope["method"], scope["path"]))
             if refused is not None:
                 code, kind, message = refused
-                await send_with_id({"type": "http.response.start", "status": code,
-                                    "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body",
-                            "body": json.dumps({"detail": {"error_type": kind, "message": message}}).encode()})
-                return
-            route = DIRECT.get((scope["method"], scope["path"]))
-            if route is None:
-                await self.app(scope, receive, send_with_id)
-            else:
-                request = Request(scope, receive)
+                await self._reply(send, Reply({"detail": {"error_type": kind, "message": message}}, code), rid, status)
+            elif route is not None:
                 try:
-                    response = await route(request)
+                    reply = await route(Call(scope, receive, headers))
                 except ApiError as exc:
-                    response = await routes.api_error(request, exc)
-                await response(scope, receive, send_with_id)
+                    reply = Reply.error(exc)
+                await self._reply(send, reply, rid, status)
+            else:
+                await self.app(scope, receive, self._with_id(send, rid, status))
         except Exception:
             log.exception("internal error on %s %s (request %s)", scope["method"], scope["path"], rid)
-            if not status["started"]:
-                body = json.dumps({"detail": {"error_type": "internal_error",
-                                              "message": f"internal error; request id {rid}"}}).encode()
-                await send_with_id({"type": "http.response.start", "status": 500,
-                                    "headers": [(b"content-type", b"application/json")]})
-                await send({"type": "http.response.body", "body": body})
+            if not status[1]:
+                body = {"detail": {"error_type": "internal_error", "message": f"internal error; request id {rid}"}}
+                await self._reply(send, Reply(body, 500), rid, status)
         finally:
             elapsed = time.perf_counter() - began
             route = scope["path"] if scope["path"] in ROUTES else "other"
-            line = ({"id": rid, "route": route, "status": status["code"], "ms": round(elapsed * 1000, 2),
+            line = ({"id": rid, "route": route, "status": status[0], "ms": round(elapsed * 1000, 2),
                      **state["log"]} if route.startswith(("/v1/systemone", "/v1/chat")) else None)
-            self.books.add(route, status["code"], elapsed, line)
+            self.books.add(route, status[0], elapsed, line)
+
+    def _finish(self, raw: list[tuple[bytes, bytes]], rid: str) -> list[tuple[bytes, bytes]]:
+        """A response's headers with the request id, and `connection: close` while the server drains
+        (no further request on this connection)."""
+        raw.append((REQUEST_ID_RAW, rid.encode("latin-1")))
+        if self.served.draining:
+            raw = [h for h in raw if h[0].lower() != b"connection"] + [(b"connection", b"close")]
+        return raw
+
+    async def _reply(self, send, reply: Reply, rid: str, status: list) -> None:
+        """A decision route's answer (or a refusal) as two ASGI messages, rendered before either is sent."""
+        body = reply.body()
+        start = {"type": "http.response.start", "status": reply.status,
+                 "headers": self._finish(reply.raw_headers(body), rid)}
+        status[0], status[1] = reply.status, True
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+    def _with_id(self, send, rid: str, status: list):
+        """`send` for a route FastAPI answers: the same headers added, the status noted."""
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = self._finish(list(message.get("headers", ())), rid)
+                status[0], status[1] = message["status"], True
+            await send(message)
+
+        return send_with_id
 
 
 DRAIN_QUIET_S = 0.3  # the drain ends once nothing is inside and no request came for this long ...
@@ -288,6 +297,7 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
         rows_per_s=context.rows_per_s,
         max_queue_s=math.inf if config.max_queue_ms is None else config.max_queue_ms / 1000.0)
     admission = context.admission
+    context.books.busy = lambda: admission.inside > 0
     app.state.context = context
     app.state.admission = admission
     app.front = RequestContext(partial(FastAPI.__call__, app), metrics=metrics, config=config,

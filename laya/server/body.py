@@ -122,16 +122,13 @@ def _too_large(limit: int, what: str) -> ApiError:
     return usage_error(413, "request_too_large", f"the request body {what} more than {limit} bytes")
 
 
-async def read_body(request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+async def read_body(call, limit: int) -> bytes:
+    """The raw body of a `laya.server.call.Call`: refused by its declared length before a byte is
+    read, or as soon as more than `limit` bytes have come."""
+    declared = call.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, "has")
-    data = bytearray()
-    async for chunk in request.stream():
-        data.extend(chunk)
-        if len(data) > limit:
-            raise _too_large(limit, "has")
-    return bytes(data)
+    return await call.body(limit, lambda: _too_large(limit, "has"))
 
 
 def decode(data: bytes, encoding: str | None, limit: int) -> bytes:

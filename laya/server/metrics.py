@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -109,39 +110,46 @@ class Metrics:
 
 
 class Books:
-    """What a finished request leaves to write down (its metrics, its access-log line), written a moment
-    later instead of between its response and the next request.
+    """What a finished request leaves to write down (its metrics, its access-log line), written when
+    the server is idle rather than beside each request.
 
-    Why: a client that sends its next request as soon as it has read an answer found the event loop
-    still logging the last one (0.1-0.15 ms of a 2-core Xeon's time, measured with timestamps in
-    both processes). So the books are written right after the next request is handed to its engine
-    (while the engine process prepares it, one core is idle), or `FLUSH_S` later when none comes, or
-    before /metrics is read. Only the event loop's thread touches them.
+    Why: written for each request, its access-log line was about 0.1 ms of that request's latency on
+    a 2-core EPYC (interleaved A/B, the line written against not written): written after the
+    response, it held up the client's next request (0.1-0.15 ms on a 2-core Xeon, timestamps in both
+    processes); written while the engine process ran the next forward pass, it took the CPU that
+    forward pass needed. Deferred, the lines of many requests are written together, so the logging
+    code's cold start is paid once for all of them. The books are written `FLUSH_S` after the first
+    one was left, once no decision request is inside the server (`busy`), else `FLUSH_S` later again,
+    but never later than `MAX_AGE_S` after it; and before /metrics is read, and as the server stops.
+    Only the event loop's thread touches them.
     """
 
     FLUSH_S = 0.05
+    MAX_AGE_S = 0.5
 
-    def __init__(self, metrics: Metrics, access_log: logging.Logger):
-        self.metrics, self.access_log = metrics, access_log
+    def __init__(self, metrics: Metrics, access_log: logging.Logger, busy: Callable[[], bool] = lambda: False):
+        self.metrics, self.access_log, self.busy = metrics, access_log, busy
         self._pending: list[tuple[str, int, float, dict[str, Any] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._since = 0.0  # monotonic time the oldest pending entry was left
 
     def add(self, route: str, status: int, seconds: float, line: dict[str, Any] | None) -> None:
         """A finished request: its route, status and seconds for the metrics, its access-log fields."""
         self._pending.append((route, status, seconds, line))
         if self._timer is None:
             try:
-                self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+                self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self._due)
             except RuntimeError:  # no loop here: written at once
                 self.flush()
+                return
+            self._since = time.monotonic()
 
-    def soon(self) -> None:
-        """Write them once what is queued on the loop now, and what that queues, has run: a request
-        just handed on is sent to its engine process, or put in its batcher's queue and taken to
-        the forward pass's thread, first."""
-        if self._pending:
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self.flush)
+    def _due(self) -> None:
+        self._timer = None
+        if self.busy() and time.monotonic() - self._since < self.MAX_AGE_S:
+            self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self._due)
+            return
+        self.flush()
 
     def flush(self) -> None:
         if self._timer is not None:

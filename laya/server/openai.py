@@ -21,11 +21,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse
-
 from laya.api import MAX_ERROR_TEXT, ApiError, SystemOneRequest, check_size, parse_systemone
 from laya.errors import QuestionError
+from laya.server.call import Call, Reply
 from laya.structured import Field, apply_gate, check_min_confidence, details, plan_schema, project, questions_of
 from laya.structured.gate import Threshold
 
@@ -142,7 +140,7 @@ def as_openai_error(exc: ApiError) -> ApiError:
                                  "code": None}, exc.headers)
 
 
-async def chat_completions(request: Request) -> JSONResponse:
+async def chat_completions(request: Call) -> Reply:
     """A chat completion answered by deciding its response_format's schema from the conversation."""
     ctx = request.app.state.context
     try:
@@ -151,7 +149,7 @@ async def chat_completions(request: Request) -> JSONResponse:
         name, (result,) = await ctx.answer_as(request, chat.model, [chat.request.state], chat.request.questions)
     except ApiError as exc:
         failed = as_openai_error(exc)
-        return JSONResponse({"error": failed.detail}, status_code=failed.status, headers=failed.headers)
+        return Reply({"error": failed.detail}, failed.status, failed.headers)
     response = result.to_json()
     apply_gate([response], chat.min_confidence)
     values = project(response["answers"], chat.fields)
@@ -168,4 +166,4 @@ async def chat_completions(request: Request) -> JSONResponse:
                    "answers": decided.answers,
                    **{k: response[k] for k in ("x_usage", "x_routed_to", "x_route_reason") if k in response}},
     }
-    return JSONResponse(body)
+    return Reply(body)

@@ -40,6 +40,7 @@ from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, decoded_within, parse_json, read_body
+from laya.server.call import Call, Reply, endpoint
 from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
@@ -71,7 +72,7 @@ class Context:
         rates = [b.drain.rows_per_s for b in self.served.batchers.values() if b.drain.rows_per_s]
         return min(rates) if rates else None
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, request: Call | Request) -> None:
         if not self.config.api_key:
             return
         header = request.headers.get("authorization")
@@ -93,7 +94,7 @@ class Context:
                               f"unknown model {name!r}; this server serves {', '.join(self.served.engines)}")
         return name
 
-    async def read_json(self, request: Request, batch: bool = False, plan: bool = False) -> SystemOneRequest:
+    async def read_json(self, request: Call, batch: bool = False, plan: bool = False) -> SystemOneRequest:
         """The validated request: media type, body and JSON checked, parsed off the event loop. A
         plan's body is a request's (`state`, or `states` as for /batch), counted against the limits
         times `laya.plan.HEADROOM`, so that the plan can say by how much it is over."""
@@ -112,7 +113,7 @@ class Context:
         return await self.read_body(request, validate, lambda body: parse_systemone(
             body, batch=many(body), limits=limits, from_json=True))
 
-    async def read_body(self, request: Request, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
+    async def read_body(self, request: Call, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
         """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then
         `then` (validation into a typed request): on the event loop for a small body, else on a thread."""
         headers = request.headers
@@ -143,15 +144,15 @@ class Context:
         return usage_error(503, "overloaded_error", f"{exc}; retry after {exc.retry_after} s",
                            {"Retry-After": str(exc.retry_after)})
 
-    def deadline_of(self, request: Request) -> tuple[float, float]:
+    def deadline_of(self, request: Call) -> tuple[float, float]:
         """The request's deadline (monotonic) and its budget in seconds; a bad header is a 400."""
         budget, problem = request_timeout(request.headers.get(TIMEOUT_HEADER), self.config)
         if problem:
             raise usage_error(400, "invalid_request_error", problem)
-        deadline = request.scope.get("state", {}).get("deadline")
+        deadline = request.scope["state"].get("deadline")
         return (deadline if deadline is not None else time.monotonic() + budget), budget
 
-    async def answer(self, request: Request, name: str, states: list[Any], questions: list[Question], **options: Any
+    async def answer(self, request: Call, name: str, states: list[Any], questions: list[Question], **options: Any
                      ) -> list[SystemOneResponse]:
         engine, batcher = self.served.engines[name], self.served.batchers[name]
         deadline, budget = self.deadline_of(request)
@@ -184,7 +185,6 @@ class Context:
         # task between them cost a turn of the event loop on the way to the engine and one back
         task = asyncio.current_task()
         assert task is not None  # an ASGI request runs in a task
-        self.books.soon()  # the last requests' books, once this one has gone to its engine
         watch = Watch(request, task, job, deadline)
         try:
             results, timing = await batcher.submit(job, work)
@@ -219,7 +219,7 @@ class Context:
         return results
 
 
-    async def routed(self, request: Request, states: list[Any], lang: str | None
+    async def routed(self, request: Call, states: list[Any], lang: str | None
                      ) -> tuple[dict[str, str], list[Any]]:
         """For "auto": the served model of each role and each state's route (laya.router), or the 404
         of a server that does not serve both an English and a multilingual model (503 while loading)."""
@@ -237,7 +237,7 @@ class Context:
 
         return roles, (routes_of() if request.state.inline else await run_in_threadpool(routes_of))
 
-    async def answer_as(self, request: Request, model: str | None, states: list[Any], questions: list[Question],
+    async def answer_as(self, request: Call, model: str | None, states: list[Any], questions: list[Question],
                         lang: str | None = None, **options: Any) -> tuple[str, list[SystemOneResponse]]:
         """`answer` by the model a request names, or, for "auto", each state by the model its script
         and language route it to (laya.router), the route reported on its answer."""
@@ -277,7 +277,7 @@ class Context:
         out["model"] = name
         return out
 
-    async def plan_auto(self, request: Request, states: list[Any], questions: list[Question], lang: str | None,
+    async def plan_auto(self, request: Call, states: list[Any], questions: list[Question], lang: str | None,
                         options: dict[str, Any]) -> dict[str, Any]:
         """For "auto": each state planned on the model its route takes (as `answer_as` answers it), in
         the request's order; a figure's worst over the models' plans is the request's."""
@@ -301,7 +301,7 @@ class Watch:
 
     PERIOD_S = 0.05
 
-    def __init__(self, request: Request, task: asyncio.Future, job: Any, deadline: float):
+    def __init__(self, request: Call, task: asyncio.Future, job: Any, deadline: float):
         self.why: str | None = None
         self._request, self._task, self._job, self._deadline = request, task, job, deadline
         self._loop = asyncio.get_running_loop()
@@ -345,7 +345,7 @@ async def api_error(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
 
 
-async def systemone(request: Request):
+async def systemone(request: Call) -> Reply:
     """Answer typed questions (choice, score, noul) about one state."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
@@ -353,10 +353,10 @@ async def systemone(request: Request):
     _, (result,) = await ctx.answer_as(request, req.model, [req.state], req.questions, req.lang,
                                        reuse_prefix=req.reuse_prefix, tournament=req.tournament,
                                        overflow=req.overflow)
-    return JSONResponse(result.to_json())
+    return Reply(result.to_json())
 
 
-async def systemone_batch(request: Request):
+async def systemone_batch(request: Call) -> Reply:
     """The same questions over many states, in shared forward passes."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
@@ -365,11 +365,11 @@ async def systemone_batch(request: Request):
                                         reuse_prefix=req.reuse_prefix, tournament=req.tournament,
                                         overflow=req.overflow)
     total = sum(r.input_tokens for r in results)
-    return JSONResponse({"model": name, "results": [r.to_json() for r in results],
-                         "total_usage": {"input_tokens": total, "output_tokens": 0}})
+    return Reply({"model": name, "results": [r.to_json() for r in results],
+                  "total_usage": {"input_tokens": total, "output_tokens": 0}})
 
 
-async def systemone_plan(request: Request):
+async def systemone_plan(request: Call) -> Reply:
     """What a request would take, before any forward pass: per state and question the rows and
     tokens, the state kept and the end dropped, the limits it is near or over, the runtime."""
     ctx: Context = request.app.state.context
@@ -378,9 +378,9 @@ async def systemone_plan(request: Request):
     states = req.state if request.state.many else [req.state]
     options = {"reuse_prefix": req.reuse_prefix, "tournament": req.tournament, "overflow": req.overflow}
     if req.model == AUTO and AUTO not in ctx.served.engines:
-        return JSONResponse(await ctx.plan_auto(request, states, req.questions, req.lang, options))
+        return Reply(await ctx.plan_auto(request, states, req.questions, req.lang, options))
     name = ctx.resolve(req.model)
-    return JSONResponse(await ctx.plan(name, states, req.questions, options))
+    return Reply(await ctx.plan(name, states, req.questions, options))
 
 
 async def models(request: Request):
@@ -458,12 +458,14 @@ def register(app: FastAPI, limits: Limits) -> None:
     def body(schema: dict[str, Any]) -> dict[str, Any]:
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
-    app.add_api_route("/v1/systemone", systemone, methods=["POST"], openapi_extra=body(request_schema(limits)))
-    app.add_api_route("/v1/systemone/batch", systemone_batch, methods=["POST"],
+    app.add_api_route("/v1/systemone", endpoint(systemone), methods=["POST"],
+                      openapi_extra=body(request_schema(limits)))
+    app.add_api_route("/v1/systemone/batch", endpoint(systemone_batch), methods=["POST"],
                       openapi_extra=body(request_schema(limits, batch=True)))
-    app.add_api_route("/v1/systemone/plan", systemone_plan, methods=["POST"],
+    app.add_api_route("/v1/systemone/plan", endpoint(systemone_plan), methods=["POST"],
                       openapi_extra=body({"oneOf": [request_schema(limits), request_schema(limits, batch=True)]}))
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], openapi_extra=body(chat_schema()))
+    app.add_api_route("/v1/chat/completions", endpoint(chat_completions), methods=["POST"],
+                      openapi_extra=body(chat_schema()))
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
