@@ -18,9 +18,12 @@ import json
 import math
 import re
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laya.api import ApiError, usage_error
+
+if TYPE_CHECKING:
+    from laya.server.call import Call
 
 CHUNK = 64 * 1024
 MAX_DEPTH = 64
@@ -122,7 +125,7 @@ def _too_large(limit: int, what: str) -> ApiError:
     return usage_error(413, "request_too_large", f"the request body {what} more than {limit} bytes")
 
 
-async def read_body(call, limit: int) -> bytes:
+async def read_body(call: Call, limit: int) -> bytes:
     """The raw body of a `laya.server.call.Call`: refused by its declared length before a byte is
     read, or as soon as more than `limit` bytes have come."""
     declared = call.headers.get("content-length")
