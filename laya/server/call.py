@@ -19,41 +19,25 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from laya.api import ApiError, error_body
 
 
-class CallState:
-    """The request's own fields (`rid`, `log`, `deadline`, `inline`, `many`), kept in the ASGI scope's
-    "state" dict, where the front and a route reached through FastAPI (`request.state`) see them too."""
-
-    __slots__ = ("_fields",)
-
-    def __init__(self, fields: dict[str, Any]):
-        object.__setattr__(self, "_fields", fields)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._fields[name]
-        except KeyError:
-            raise AttributeError(f"the request's state has no {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._fields[name] = value
-
-
 class Call:
     """One request on a decision route. `headers`: lower-case names to values, the first value of
-    a repeated header (as Starlette's `Headers.get` reads it)."""
+    a repeated header (as Starlette's `Headers.get` reads it). `state`: the request's own fields
+    (`rid`, `log`, `deadline`, `inline`, `many`) over the ASGI scope's "state" dict, as Starlette's
+    `request.state` is, so the front and a route reached through FastAPI see the same ones."""
 
     __slots__ = ("scope", "receive", "headers", "state")
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                  headers: dict[str, str]):
         self.scope, self.receive, self.headers = scope, receive, headers
-        self.state = CallState(scope.setdefault("state", {}))
+        self.state = State(scope.setdefault("state", {}))
 
     @property
     def app(self) -> Any:
@@ -117,10 +101,7 @@ class Reply:
 
     def response(self) -> Response:
         """The same answer as a Starlette response, for a route reached through FastAPI."""
-        body = self.body()
-        response = Response(body, status_code=self.status)
-        response.raw_headers = self.raw_headers(body)
-        return response
+        return Response(self.body(), self.status, self.headers, media_type="application/json")
 
 
 Route = Callable[[Call], Awaitable[Reply]]
