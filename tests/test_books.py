@@ -19,7 +19,7 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def books(busy) -> tuple[Books, Metrics, Lines]:
+def books(busy, max_age_s: float = 0.3) -> tuple[Books, Metrics, Lines]:
     log = logging.getLogger("test.books.access")
     log.handlers, log.propagate = [], False
     log.setLevel(logging.INFO)
@@ -27,7 +27,7 @@ def books(busy) -> tuple[Books, Metrics, Lines]:
     log.addHandler(lines)
     metrics = Metrics()
     out = Books(metrics, log, busy=busy)
-    out.FLUSH_S, out.MAX_AGE_S = 0.02, 0.3
+    out.FLUSH_S, out.MAX_AGE_S = 0.02, max_age_s
     return out, metrics, lines
 
 
@@ -37,7 +37,7 @@ def counted(metrics: Metrics) -> int:
 
 def test_books_wait_while_a_request_is_inside_and_are_written_together_once_idle():
     inside = {"n": 1}
-    b, metrics, lines = books(lambda: inside["n"] > 0)
+    b, metrics, lines = books(lambda: inside["n"] > 0, max_age_s=60.0)  # not the maximum age's test
 
     async def run() -> None:
         b.add("/v1/systemone", 200, 0.004, {"id": "a"})
