@@ -171,18 +171,21 @@ def time_rows(models: dict[str, Model], lengths: list[int], budget_s: float, max
 
 
 def pick_candidates(force: bool = False, machine: Cpu | None = None) -> list[str]:
-    """What `laya bench --pick` and auto's first-load measurement time: every runtime and precision
-    installed here that auto could run (torch first, the reference; bf16 only on a processor with
-    bf16 units, where it can pay)."""
+    """What `laya bench --pick` times: every runtime and precision installed here that auto could run
+    (torch first, the reference). The packed runtime's reduced precisions only where the processor has
+    their units (bf16: AVX512-BF16, AMX or ARM BF16; int8: AMX-INT8 or VNNI), where they can pay;
+    `force` times them anyway."""
     from laya.encoder.runtimes.base import available_runtimes
     from laya.hardware import cpu
 
     have, machine = set(available_runtimes()), machine or cpu()
     out = []
     if "torch" in have:
-        out.append("torch")
+        out += ["torch", "packed"]
         if machine.bf16_units or force:
-            out.append("torch:bf16")
+            out.append("packed:bf16")
+        if machine.int8_units or force:
+            out.append("packed:int8")
     if "onnx" in have:
         out += ["onnx", "onnx:int8"]
     if "llama" in have:

@@ -1,11 +1,21 @@
-"""Accuracy gates of reduced-precision runtimes (ONNX int8, torch bf16, llama f16 and q8_0), one measurement for all.
+"""The precision standard: when a reduced precision may answer, measured once for all runtimes.
 
-A reduced precision is only offered when its answers stay near fp32 on this checkpoint: the gate
-runs fixed, varied decision rows through the fp32 reference and the candidate, the way the runtime
-runs them, and records the largest change of any answer probability, the share of rows whose top
-answer agrees, and how much a row's answer moves between running alone and inside a full padded
-batch. The record goes into the bundle (int8) or the cache (bf16); a failed gate is refused unless
-the caller forces it.
+A reduced precision (bf16, fp16 and int8 on the packed runtime, ONNX int8, llama.cpp's f16 and q8_0)
+answers only when, on the checkpoint at hand, it stays within upstream laya's own envelope for its fast
+path: upstream's README holds that path to max |dp| <= 0.05 against fp32 (0.046 measured) with argmax
+agreement of at least 47 of 48 per question type, and reports its stock bf16 autocast moving a
+probability by up to 0.073 and flipping 3 of 864 top answers. So, on the gate's fixed rows:
+
+- no answer probability moves more than 0.05 from fp32's (fp16, which keeps 11 bits, keeps 0.02);
+- no top answer changes where fp32's top two are 0.10 or more apart (a flip inside a closer race is
+  the rounding of a near tie, as in upstream's own figures);
+- a row's answer moves at most 0.01 between running alone and inside a full batch (the packed
+  runtime runs each row alone at its exact length: 0 there).
+
+The gate runs fixed, varied decision rows through the fp32 reference and the candidate, the way the
+runtime runs them. The record goes into the bundle (ONNX int8, llama.cpp) or the cache (packed); a
+failed gate is refused unless the caller forces it. fp32 runtimes are not gated: they equal the
+reference to 1e-4 (the parity suite).
 """
 
 from __future__ import annotations
@@ -27,18 +37,21 @@ if TYPE_CHECKING:
     from laya.questions import Question
 
 Forward = Callable[["Batch"], tuple[np.ndarray, np.ndarray]]
+# Bumped whenever the standard changes, so that gate records measured under another are measured again.
+STANDARD = 2
 
 
 @dataclass(frozen=True)
 class Bounds:
     max_dp: float  # largest change of any answer probability against fp32
-    argmax_agreement: float  # least share of rows with the same top answer
+    flip_margin: float  # no top answer may change where fp32's top-two margin is at least this
     batch_dependence_max_dp: float  # largest change between a row alone and inside a full batch
 
 
-# llama.cpp's types: f16 (fp16 activations) is held to bf16's bound, q8_0 (int8 blocks) to int8's
-BOUNDS = {"int8": Bounds(0.05, 0.95, 0.01), "bf16": Bounds(0.02, 0.98, 0.01),
-          "f16": Bounds(0.02, 0.98, 0.01), "q8_0": Bounds(0.05, 0.95, 0.01)}
+ENVELOPE = Bounds(0.05, 0.10, 0.01)  # upstream's envelope for its fast path (see above)
+FP16 = Bounds(0.02, 0.10, 0.01)
+# llama.cpp's types: f16 (fp16 weights) as fp16, q8_0 (int8 blocks) as int8
+BOUNDS = {"bf16": ENVELOPE, "int8": ENVELOPE, "q8_0": ENVELOPE, "fp16": FP16, "f16": FP16}
 
 
 class GateFailed(RuntimeUnavailable):
@@ -53,9 +66,10 @@ class GateFailed(RuntimeUnavailable):
 
 
 def describe(gate: dict[str, Any]) -> str:
-    return (f"max |dp| {gate['max_dp']:.4g} (bound {gate['bounds']['max_dp']}), argmax agreement "
-            f"{gate['argmax_agreement']:.3g} (bound {gate['bounds']['argmax_agreement']}), batch dependence "
-            f"{gate['batch_dependence_max_dp']:.3g} (bound {gate['bounds']['batch_dependence_max_dp']}) "
+    bounds = gate.get("bounds", {})
+    return (f"max |dp| {gate['max_dp']:.4g} (bound {bounds.get('max_dp')}), largest fp32 margin of a flipped top "
+            f"answer {gate.get('flipped_margin', float('nan')):.3g} (must stay under {bounds.get('flip_margin')}), "
+            f"batch dependence {gate['batch_dependence_max_dp']:.3g} (bound {bounds.get('batch_dependence_max_dp')}) "
             f"on {gate['rows']} rows")
 
 
@@ -92,7 +106,6 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
     from laya.encoder.batch import collate
     from laya.heads.decode import probabilities
 
-    bounds = BOUNDS[precision]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the checkpoint's own clamp was reported when it was loaded
         temps = Temperatures.from_raw(checkpoint.config.temperature, checkpoint.config.temperature_by_options,
@@ -107,23 +120,36 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
                 for j, i in enumerate(indices)]
 
     every = list(range(len(pairs)))
-    ref = answers(reference, every)
-    together = answers(candidate, every)
     alone = [answers(candidate, [i])[0] for i in every]
-
-    def worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-        return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-    max_dp, batch_dp = worst(ref, alone), worst(together, alone)
-    agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, alone)) / len(pairs)
-    record: dict[str, Any] = {
-        "precision": precision, "rows": len(pairs), "max_dp": round(max_dp, 6), "argmax_agreement": round(agree, 4),
-        "batch_dependence_max_dp": round(batch_dp, 6), "bounds": asdict(bounds),
-        "passed": bool(max_dp <= bounds.max_dp and agree >= bounds.argmax_agreement
-                       and batch_dp <= bounds.batch_dependence_max_dp)}
+    record = judge(answers(reference, every), alone, answers(candidate, every), precision)
     for name, forward in (extra or {}).items():
-        record[f"{name}_max_dp"] = round(worst(answers(forward, every), alone), 6)
+        record[f"{name}_max_dp"] = round(_worst(answers(forward, every), alone), 6)
     return record
+
+
+def judge(reference: list[np.ndarray], alone: list[np.ndarray], together: list[np.ndarray],
+          precision: str) -> dict[str, Any]:
+    """The gate's record of a candidate's answers (each row alone, and all together) against fp32's."""
+    bounds = BOUNDS[precision]
+    max_dp, batch_dp = _worst(reference, alone), _worst(together, alone)
+    agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(reference, alone)) / len(reference)
+    flipped = max((_margin(a) for a, b in zip(reference, alone) if np.argmax(a) != np.argmax(b)), default=0.0)
+    return {
+        "standard": STANDARD, "precision": precision, "rows": len(reference), "max_dp": round(max_dp, 6),
+        "flipped_margin": round(flipped, 6), "argmax_agreement": round(agree, 4),
+        "batch_dependence_max_dp": round(batch_dp, 6), "bounds": asdict(bounds),
+        "passed": bool(max_dp <= bounds.max_dp and flipped < bounds.flip_margin
+                       and batch_dp <= bounds.batch_dependence_max_dp)}
+
+
+def _worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def _margin(p: np.ndarray) -> float:
+    """fp32's lead of its top answer over the runner-up."""
+    top = np.sort(p)[::-1]
+    return float(top[0] - top[1]) if len(top) > 1 else 1.0
 
 
 def cached_gate(key: str, measure_now: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -138,7 +164,8 @@ def cached_gate(key: str, measure_now: Callable[[], dict[str, Any]]) -> dict[str
     path = folder / f"{key}.json"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(record, dict) and {"passed", "max_dp", "bounds"} <= set(record):
+        if isinstance(record, dict) and {"passed", "max_dp", "bounds"} <= set(record) \
+                and record.get("standard") == STANDARD:
             return record
     except (OSError, ValueError):
         pass

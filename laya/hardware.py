@@ -15,6 +15,9 @@ import sys
 from dataclasses import dataclass
 
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# int8 dot products: AMX-INT8 tiles, AVX-512 VNNI or AVX-VNNI (ARM: the dot-product and i8mm extensions)
+X86_INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+ARM_INT8_FLAGS = ("i8mm", "asimddp")
 # What decides which runtime and precision is fast here: wide vectors, bf16 units (bf16), dot-product
 # int8 units (int8 matmuls of ONNX Runtime), fp16 arithmetic.
 X86_RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni",
@@ -37,6 +40,12 @@ class Cpu:
         if "bf16" in self.flags or "feat_bf16" in self.flags:
             return "bf16"
         return None
+
+    @property
+    def int8_units(self) -> str | None:
+        """The unit that makes int8 products fast here (e.g. 'amx_int8'), or None."""
+        flags = X86_INT8_FLAGS if self.arch in ("x86_64", "amd64") else ARM_INT8_FLAGS
+        return next((f for f in flags if f in self.flags), None)
 
     def bf16_refusal(self) -> str | None:
         """Why bf16 would be slower here, or None when the processor has bf16 units."""

@@ -1,4 +1,6 @@
-"""bf16 and `runtime="auto"`: the gate that keeps a fast precision honest, and the choice that says why."""
+"""The packed runtime's reduced precisions and `runtime="auto"`: the gate that keeps a fast precision
+honest (the precision standard, laya/gate.py), rows that answer the same in any batch, and the choice
+that says why."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from conftest import load_quiet
 import laya
 from laya import choice
 from laya.cli import main
-from laya.encoder.runtimes import pytorch
+from laya.encoder.runtimes import packed, rownet
 from laya.errors import RuntimeUnavailable
 from laya.gate import BOUNDS, GateFailed
 from laya.hardware import Cpu
@@ -20,6 +22,7 @@ from laya.hardware import Cpu
 QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
              "u": {"type": "noul", "instructions": "Urgent?"}}
 PLAIN = Cpu("test cpu without bf16", "x86_64", frozenset({"avx2", "fma"}))
+STATES = ["refund please", "the app crashes " * 20, "hello", "I want to upgrade my plan and get an invoice"]
 
 
 def with_bf16(name: str) -> Cpu:
@@ -28,93 +31,130 @@ def with_bf16(name: str) -> Cpu:
 
 
 def on_cpu(monkeypatch, machine: Cpu) -> None:
-    monkeypatch.setattr(pytorch, "cpu", lambda: machine)
+    monkeypatch.setattr(packed, "cpu", lambda: machine)
     monkeypatch.setattr(choice, "cpu", lambda: machine)
+
+
+def flat(response) -> np.ndarray:
+    return np.concatenate([np.array(list(a["probabilities"].values())) if "probabilities" in a
+                           else np.array([a["noul"]]) for a in response["answers"].values()])
 
 
 def test_bf16_is_refused_on_a_cpu_without_bf16_units_unless_forced(monkeypatch, checkpoint_dir):
     on_cpu(monkeypatch, PLAIN)
     with pytest.raises(RuntimeUnavailable, match="no bf16 arithmetic units.*force=True"):
-        load_quiet(checkpoint_dir, "torch", precision="bf16")
-    model = load_quiet(checkpoint_dir, "torch", precision="bf16", force=True)
+        load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=False)
+    model = load_quiet(checkpoint_dir, "packed", precision="bf16", force=True, compiled=False)
     assert model.runtime.precision == "bf16" and model.runtime.gate["passed"]
     with pytest.raises(RuntimeUnavailable, match="precision must be one of"):
-        load_quiet(checkpoint_dir, "torch", precision="fp16")
+        load_quiet(checkpoint_dir, "packed", precision="fp8", compiled=False)
+    with pytest.raises(RuntimeUnavailable, match="the torch runtime is the fp32 reference.*runtime='packed'"):
+        load_quiet(checkpoint_dir, "torch", precision="bf16")
 
 
-def test_bf16_keeps_its_weights_in_bf16_and_the_sensitive_parts_in_fp32(monkeypatch, checkpoint_dir):
+def test_bf16_keeps_the_sensitive_parts_in_fp32(monkeypatch, checkpoint_dir):
     on_cpu(monkeypatch, with_bf16("split"))
-    net = load_quiet(checkpoint_dir, "torch", precision="bf16").runtime.net
-    layers = net.encoder.layers
-    assert all(m.weight.dtype == torch.float32 for m in layers[0].modules() if isinstance(m, torch.nn.Linear))
-    assert not any(isinstance(m, pytorch.Bf16Linear) for m in layers[0].modules())
-    for layer in layers[1:]:  # values and the three other projections in bf16; queries and keys fp32
-        assert [type(m) for m in (layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)] == [pytorch.Bf16Linear] * 3
-        assert isinstance(layer.attn.Wqkv, pytorch.SplitQkv) and layer.attn.Wqkv.bf16 == (False, False, True)
-        fp32, bf16 = layer.attn.Wqkv.groups
-        assert fp32.weight.dtype == torch.float32 and fp32.weight.shape[0] == 2 * bf16.weight.shape[0]
-        assert all(m.weight.dtype == torch.bfloat16 for m in layer.modules() if isinstance(m, pytorch.Bf16Linear))
-    rest = [net.encoder.embeddings, net.head, net.scorer, net.act_head, net.type_emb]
-    assert all(p.dtype == torch.float32 for part in rest for p in part.parameters())
-    assert all(p.dtype == torch.float32 for n, p in net.encoder.named_parameters() if "norm" in n)
+    net = load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=False).runtime.net
+    projections = [m for m in net.modules() if isinstance(m, rownet.Projection)]
+    assert projections and all(m.weight.dtype == torch.bfloat16 for m in projections)
+    assert all(m.bias is None or m.bias.dtype == torch.float32 for m in projections)
+    rest = [p for name, p in net.named_parameters() if ".weight" not in name or "norm" in name or "." not in name]
+    rest += list(net.scorer) + list(net.act) + [net.type_emb, net.emb_norm, net.final_norm]
+    assert all(p.dtype == torch.float32 for p in rest if p.dtype != torch.int8)
 
 
-def test_bf16_answers_within_its_bound_alone_and_batched(monkeypatch, checkpoint_dir):
-    on_cpu(monkeypatch, with_bf16("bound"))
-    reference, fast = load_quiet(checkpoint_dir, "torch"), load_quiet(checkpoint_dir, "torch", precision="bf16")
-    states = ["refund please", "the app crashes " * 20, "hello", "I want to upgrade my plan and get an invoice"]
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_row_answers_the_same_alone_and_in_any_batch(monkeypatch, checkpoint_dir, precision):
+    """Each row runs alone at its exact length: its answer is the same bits whatever shares its batch."""
+    on_cpu(monkeypatch, with_bf16("batch-invariance"))
+    fast = load_quiet(checkpoint_dir, "packed", precision=precision, force=True, compiled=False)
+    mixed = STATES + ["x", "a much longer state about billing and refunds " * 9]
+    batched = fast.predict_batch(mixed, QUESTIONS)
+    for state, together in zip(mixed, batched):
+        assert np.array_equal(flat(together), flat(fast.predict(state, QUESTIONS)))
+    assert fast.runtime.precision == "fp32" or fast.runtime.gate["batch_dependence_max_dp"] == 0.0
 
-    def flat(response):
-        return np.concatenate([np.array(list(a["probabilities"].values())) if "probabilities" in a
-                               else np.array([a["noul"]]) for a in response["answers"].values()])
 
-    batched = fast.predict_batch(states, QUESTIONS)
-    for state, together in zip(states, batched):
-        want, alone = flat(reference.predict(state, QUESTIONS)), flat(fast.predict(state, QUESTIONS))
-        assert np.max(np.abs(alone - want)) <= BOUNDS["bf16"].max_dp
-        assert np.max(np.abs(flat(together) - alone)) <= BOUNDS["bf16"].batch_dependence_max_dp
+def test_the_compiled_program_answers_as_the_network_within_its_bound(monkeypatch, checkpoint_dir):
+    """The program TorchInductor compiles (cached for the test session): within the standard of the
+    reference, the same bits alone and batched, and its gate measured on what it runs."""
+    on_cpu(monkeypatch, with_bf16("compiled"))
+    reference = load_quiet(checkpoint_dir, "torch")
+    fast = load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=True)
+    assert fast.runtime.compiled and fast.runtime.details()["compiled"] is True
+    assert fast.runtime.gate["passed"] and fast.runtime.gate["batch_dependence_max_dp"] == 0.0
+    for state, together in zip(STATES, fast.predict_batch(STATES, QUESTIONS)):
+        alone = flat(fast.predict(state, QUESTIONS))
+        assert np.max(np.abs(alone - flat(reference.predict(state, QUESTIONS)))) <= BOUNDS["bf16"].max_dp
+        assert np.array_equal(flat(together), alone)
 
 
 def corrupt_one_weight(monkeypatch) -> None:
-    """A bf16 model with one weight wrong: the kind of drift the gate exists to catch."""
-    cast = pytorch.cast_bf16
+    """A reduced-precision network with one weight wrong: the kind of drift the gate exists to catch."""
+    real = packed.RowNet
 
-    def corrupted(net):
-        net = cast(net)
-        with torch.no_grad():
-            net.encoder.layers[-1].mlp.Wo.weight[0, 0] = 300.0
+    def corrupted(checkpoint, plan=rownet.Plan()):
+        net = real(checkpoint, plan)
+        if plan.matmul != "fp32":
+            with torch.no_grad():
+                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
         return net
 
-    monkeypatch.setattr(pytorch, "cast_bf16", corrupted)
+    monkeypatch.setattr(packed, "RowNet", corrupted)
 
 
-def test_the_gate_refuses_a_drifting_bf16_model_and_auto_falls_back_saying_why(monkeypatch, checkpoint_dir,
-                                                                               tmp_path):
+def test_the_gate_refuses_a_drifting_bf16_model_and_auto_falls_back_saying_why(monkeypatch, checkpoint_dir):
     on_cpu(monkeypatch, with_bf16("corrupted"))
     corrupt_one_weight(monkeypatch)
     with pytest.raises(GateFailed, match=r"failed its accuracy gate.*max \|dp\|") as refused:
-        load_quiet(checkpoint_dir, "torch", precision="bf16")
+        load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=False)
     gate = refused.value.gate
     assert not gate["passed"] and gate["max_dp"] > gate["bounds"]["max_dp"]
-    forced = load_quiet(checkpoint_dir, "torch", precision="bf16", force=True)
-    assert forced.runtime.gate == gate  # measured once, then read from the cache
+    assert "first 1 encoder layer in fp32" in str(refused.value)  # both plans were tried
+    forced = load_quiet(checkpoint_dir, "packed", precision="bf16", force=True, compiled=False)
+    assert forced.runtime.gate == gate and forced.runtime.plan.fp32_layers == 1  # the plan the refusal named
 
     model = load_quiet(checkpoint_dir, "auto")
     assert (model.runtime.name, model.runtime.precision) == ("onnx", "fp32")
-    assert model.choice.passed_over and model.choice.passed_over[0].startswith("torch bf16 (torch bf16 failed its")
+    assert model.choice.passed_over and model.choice.passed_over[0].startswith("packed bf16 (packed bf16 failed its")
     described = model.choice.describe()
-    assert "auto chose onnx fp32" in described and "passed over torch bf16" in described and "max |dp|" in described
+    assert "auto chose onnx fp32" in described and "passed over packed bf16" in described and "max |dp|" in described
     reference = load_quiet(checkpoint_dir, "torch").predict("refund please", QUESTIONS)
     got = model.predict("refund please", QUESTIONS)
     assert got["answers"]["t"]["probabilities"] == pytest.approx(reference["answers"]["t"]["probabilities"], abs=1e-5)
 
 
+def test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes(monkeypatch, checkpoint_dir):
+    """A drift in the first layer only: the plan with every layer reduced fails, the one keeping the first
+    layer in fp32 passes, and the runtime says which plan runs."""
+    on_cpu(monkeypatch, with_bf16("first-layer"))
+    real = packed.RowNet
+
+    def first_layer_drifts(checkpoint, plan=rownet.Plan()):
+        net = real(checkpoint, plan)
+        if plan.matmul != "fp32" and plan.fp32_layers == 0:
+            with torch.no_grad():
+                net.layers[0].wo_mlp.weight[0, 0] = 300.0
+        return net
+
+    monkeypatch.setattr(packed, "RowNet", first_layer_drifts)
+    model = load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=False)
+    assert model.runtime.plan.fp32_layers == 1 and model.runtime.gate["passed"]
+    assert "the first 1 encoder layer in fp32" in model.runtime.details()["plan"]
+
+
 def test_auto_chooses_bf16_where_it_passes(monkeypatch, checkpoint_dir):
     on_cpu(monkeypatch, with_bf16("passes"))
     model = load_quiet(checkpoint_dir, "auto")
-    assert (model.runtime.name, model.runtime.precision) == ("torch", "bf16")
+    assert (model.runtime.name, model.runtime.precision) == ("packed", "bf16")
     assert "avx512_bf16" in model.choice.reason and model.info()["gate"]["passed"]
-    assert model.info()["runtime_choice"]["runtime"] == "torch"
+    assert model.info()["runtime_choice"]["runtime"] == "packed"
+
+
+def test_auto_keeps_to_the_exact_path_when_asked(monkeypatch, checkpoint_dir):
+    on_cpu(monkeypatch, with_bf16("exact"))
+    model = load_quiet(checkpoint_dir, "auto", precision="fp32")
+    assert model.runtime.precision == "fp32" and model.runtime.name in ("onnx", "packed", "torch")
 
 
 def test_the_rule_in_order(monkeypatch, checkpoint_dir):
@@ -131,27 +171,31 @@ def test_the_rule_in_order(monkeypatch, checkpoint_dir):
     def labels(machine):
         return [c.label for c in choice.candidates(ck, machine)]
 
-    assert labels(with_bf16("rule")) == ["torch bf16", "onnx fp32", "torch fp32", "mlx"]
-    assert labels(PLAIN) == ["onnx fp32", "torch fp32", "mlx"]
+    assert labels(with_bf16("rule")) == ["packed bf16", "onnx fp32", "packed fp32", "torch fp32", "mlx"]
+    assert labels(PLAIN) == ["onnx fp32", "packed fp32", "torch fp32", "mlx"]
+    assert [c.label for c in choice.candidates(ck, with_bf16("rule"), exact=True)] == \
+        ["onnx fp32", "packed fp32", "torch fp32", "mlx"]
     assert "no bf16 arithmetic units" in choice.candidates(ck, PLAIN)[0].why
     apple = Cpu("Apple M3", "arm64", frozenset({"feat_bf16"}), apple_silicon=True)
-    assert labels(apple)[:3] == ["coreml+mlx", "mlx fp16", "torch bf16"]
+    assert labels(apple)[:3] == ["coreml+mlx", "mlx fp16", "packed bf16"]
     installed -= {"onnxruntime"}
-    assert labels(PLAIN) == ["torch fp32", "mlx"]
+    assert labels(PLAIN) == ["packed fp32", "torch fp32", "mlx"]
 
 
 def test_auto_refuses_a_precision(checkpoint_dir):
-    with pytest.raises(RuntimeUnavailable, match="name a runtime"):
+    with pytest.raises(RuntimeUnavailable, match="precision='fp32' keeps it to the exact path.*name a runtime"):
         load_quiet(checkpoint_dir, "auto", precision="bf16")
+    with pytest.raises(RuntimeUnavailable, match="name a runtime"):
+        load_quiet(checkpoint_dir, "auto", force=True)
 
 
 def test_bench_pick_is_stored_and_used_by_auto(checkpoint_dir, capsys, monkeypatch):
     on_cpu(monkeypatch, PLAIN)
-    assert main(["bench", str(checkpoint_dir), "--pick", "-r", "torch", "-r", "torch:bf16", "--lengths", "32",
+    assert main(["bench", str(checkpoint_dir), "--pick", "-r", "torch", "-r", "packed:bf16", "--lengths", "32",
                  "--questions", "1", "--repeats", "2", "--warmup", "0"]) == 0
     out = capsys.readouterr()
-    assert "skipped torch:bf16: torch bf16 refused" in out.err
-    assert "not run: torch bf16 refused" in out.out and "(no gate: fp32 matches the reference)" in out.out
+    assert "skipped packed:bf16: packed bf16 refused" in out.err
+    assert "not run: packed bf16 refused" in out.out and "(no gate: fp32 matches the reference)" in out.out
     assert "picked torch for" in out.out
     stored = choice.stored_pick(load_quiet(checkpoint_dir).checkpoint.fingerprint, PLAIN)
     assert stored["runtime"] == "torch" and stored["options"] == {"precision": "fp32"}

@@ -1,8 +1,9 @@
 """`runtime="auto"` measures: at the first load it times its faithful candidates, keeps the fastest
 that beats torch fp32, stores the pick per checkpoint, processor and library versions, and says what
-it measured. No test sees another's picks (their gate records are shared), each runs on a processor
-with bf16 units with only torch installed as far as auto can see: torch fp32 and torch bf16 are its
-candidates, which a tiny checkpoint loads and times in about a second. Timing figures are never asserted, only what is
+it measured. No test sees another's picks (their gate records and compiled programs are shared), each
+runs on a processor with bf16 units with only torch installed as far as auto can see: torch fp32 and
+packed bf16 are its candidates, which a tiny checkpoint loads and times in about a second (once
+compiled: the session's first load compiles the packed program). Timing figures are never asserted, only what is
 done with them (fake timings decide the winner rule, a fake clock the budget)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from live_server import LiveServer
 
 from laya import bench, choice, hardware
 from laya.cli import main
-from laya.encoder.runtimes import base, pytorch
+from laya.encoder.runtimes import base, packed, rownet
 from laya.errors import RuntimeUnavailable
 from laya.hardware import Cpu
 
@@ -36,7 +37,7 @@ def cache(tmp_path_factory):
 
 
 def on_cpu(monkeypatch, fake: Cpu) -> None:
-    for module in (choice, pytorch, hardware):
+    for module in (choice, packed, hardware):
         monkeypatch.setattr(module, "cpu", lambda: fake)
 
 
@@ -71,11 +72,11 @@ def test_the_first_load_times_the_candidates_and_stores_the_pick(machine, checkp
     model = load_auto(checkpoint_dir)
     measured = model.choice.measured
     assert measured["by"] == "auto" and measured["lengths"] == list(LENGTHS)
-    assert list(measured["medians_ms"]) == ["torch fp32", "torch bf16"]  # the reference is always timed
+    assert list(measured["medians_ms"]) == ["torch fp32", "packed bf16"]  # the reference is always timed
     assert all(len(v) == 2 and min(v) > 0 for v in measured["medians_ms"].values())
     assert measured["vs_reference"]["torch fp32"] == 1.0 and measured["repeats"] >= 1
     # what ran is what the measurement says won: bf16 only if it was faster than fp32
-    won = "torch bf16" if measured["vs_reference"]["torch bf16"] < 1 else "torch fp32"
+    won = "packed bf16" if measured["vs_reference"]["packed bf16"] < 1 else "torch fp32"
     assert f"{model.runtime.name} {model.runtime.precision}" == won
     for label, values in measured["medians_ms"].items():  # the reason names the figures
         assert f"{label} {choice._ms(values)} ms" in model.choice.reason
@@ -87,10 +88,10 @@ def test_the_first_load_times_the_candidates_and_stores_the_pick(machine, checkp
     assert record["measured"]["medians_ms"] == measured["medians_ms"]
 
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: timing ")]
-    assert progress[0].startswith("auto: timing torch fp32, torch bf16 on 16/48-token rows")
+    assert progress[0].startswith("auto: timing torch fp32, packed bf16 on 16/48-token rows")
     assert any(p.startswith("auto: timing torch fp32 on 16/48-token rows ... ") and p.endswith("(the reference)")
                for p in progress)
-    assert any(p.startswith("auto: timing torch bf16 on 16/48-token rows ... ") for p in progress)
+    assert any(p.startswith("auto: timing packed bf16 on 16/48-token rows ... ") for p in progress)
 
 
 def test_a_second_load_uses_the_pick_without_timing(machine, checkpoint_dir, monkeypatch):
@@ -132,8 +133,8 @@ def test_measuring_off_follows_the_fixed_rule(how, machine, checkpoint_dir, monk
         model = load_auto(checkpoint_dir)
     else:
         model = load_auto(checkpoint_dir, measure=False)
-    # the rule on a processor with bf16 units: torch bf16, its gate passing
-    assert (model.runtime.name, model.runtime.precision) == ("torch", "bf16")
+    # the rule on a processor with bf16 units: packed bf16, its gate passing
+    assert (model.runtime.name, model.runtime.precision) == ("packed", "bf16")
     assert "this CPU has bf16 units" in model.choice.reason and model.choice.measured is None
     assert not choice.pick_path(model.checkpoint.fingerprint, machine).exists()
 
@@ -155,15 +156,15 @@ def faked(medians: dict[str, list[float]]):
 
 @pytest.mark.parametrize(("bf16", "winner"), [
     ([10.0, 40.0], "torch fp32"),  # a tie goes to the reference
-    ([5.0, 20.0], "torch bf16"),
+    ([5.0, 20.0], "packed bf16"),
     ([5.0, 90.0], "torch fp32"),  # faster on short rows, slower overall (geometric mean 1.06)
-    ([11.0, 30.0], "torch bf16"),  # slower on short rows, faster overall (0.91)
+    ([11.0, 30.0], "packed bf16"),  # slower on short rows, faster overall (0.91)
 ])
 def test_a_candidate_wins_only_if_faster_than_torch_fp32(bf16, winner, machine, checkpoint_dir, monkeypatch):
-    monkeypatch.setattr(bench, "time_rows", faked({"torch fp32": [10.0, 40.0], "torch bf16": bf16}))
+    monkeypatch.setattr(bench, "time_rows", faked({"torch fp32": [10.0, 40.0], "packed bf16": bf16}))
     model = load_auto(checkpoint_dir)
     assert f"{model.runtime.name} {model.runtime.precision}" == winner, model.choice.reason
-    ratio = model.choice.measured["vs_reference"]["torch bf16"]
+    ratio = model.choice.measured["vs_reference"]["packed bf16"]
     assert ratio == pytest.approx(((bf16[0] / 10) * (bf16[1] / 40)) ** 0.5, abs=1e-4)
     assert ("none was faster than torch fp32" in model.choice.reason) == (winner == "torch fp32")
 
@@ -201,24 +202,25 @@ def test_the_budget_stops_the_timing_early(machine, checkpoint_dir, monkeypatch)
 
 def test_a_candidate_whose_gate_fails_is_not_timed(machine, checkpoint_dir, monkeypatch):
     on_cpu(monkeypatch, Cpu("auto-measures test, bf16 corrupted", "x86_64", machine.flags))  # a gate of its own
-    cast = pytorch.cast_bf16
+    network = packed.RowNet
 
-    def corrupted(net):  # one wrong weight: the drift the gate exists to catch
-        net = cast(net)
-        with torch.no_grad():
-            net.encoder.layers[-1].mlp.Wo.weight[0, 0] = 300.0
+    def corrupted(checkpoint, plan=rownet.Plan()):  # one wrong weight: the drift the gate exists to catch
+        net = network(checkpoint, plan)
+        if plan.matmul != "fp32":
+            with torch.no_grad():
+                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
         return net
 
-    monkeypatch.setattr(pytorch, "cast_bf16", corrupted)
+    monkeypatch.setattr(packed, "RowNet", corrupted)
     timed: list[list[str]] = []
     real = bench.time_rows
     monkeypatch.setattr(bench, "time_rows", lambda models, *a, **k: timed.append(list(models)) or real(models, *a, **k))
     model = load_auto(checkpoint_dir)
-    assert all("torch bf16" not in labels for labels in timed)
+    assert all("packed bf16" not in labels for labels in timed)
     assert (model.runtime.name, model.runtime.precision) == ("torch", "fp32")
-    assert "failed its accuracy gate" in model.choice.measured["not_timed"]["torch bf16"]
-    assert any(p.startswith("torch bf16 (torch bf16 failed its accuracy gate") for p in model.choice.passed_over)
-    assert "not timed: torch bf16" in model.choice.reason
+    assert "failed its accuracy gate" in model.choice.measured["not_timed"]["packed bf16"]
+    assert any(p.startswith("packed bf16 (packed bf16 failed its accuracy gate") for p in model.choice.passed_over)
+    assert "not timed: packed bf16" in model.choice.reason
 
 
 def test_auto_never_exports_int8_itself(machine, checkpoint_dir, monkeypatch, cache):
@@ -252,11 +254,11 @@ def test_info_and_health_show_the_measurement(machine, checkpoint_dir, capsys):
     out = capsys.readouterr().out
     measured = [line for line in out.splitlines() if line.startswith("measured ")]
     assert measured and "torch fp32" in measured[0] and "ms on 16/48-token rows" in measured[0]
-    assert "auto chose torch" in out and "picked at this first load on this machine" in out
+    assert ("auto chose torch fp32" in out or "auto chose packed bf16" in out) and "picked at this first load" in out
     assert main(["info", str(checkpoint_dir), "--threads", "1", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     medians = info["runtime_choice"]["measured"]["medians_ms"]
-    assert set(medians) == {"torch fp32", "torch bf16"}
+    assert set(medians) == {"torch fp32", "packed bf16"}
 
     model = load_auto(checkpoint_dir)
     with LiveServer(create_app(lambda: [EncoderEngine(model)])) as live:

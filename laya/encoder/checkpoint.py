@@ -120,39 +120,72 @@ def _short(exc: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_weights(path: Path, expected: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """All tensors as float32 numpy arrays, after checking names and shapes against `expected`."""
-    from safetensors import SafetensorError, safe_open
+class TensorFile(Mapping[str, np.ndarray]):
+    """The tensors of a checkpoint's weights file, checked once and read when a runtime asks.
 
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        with safe_open(str(path), framework="numpy") as handle:
+    Every name, shape, dtype and value is checked at load (one tensor at a time); nothing is kept in
+    memory afterwards: a runtime reads what it needs in the form it needs (`weights[name]` as float32,
+    `stored(name)` as the file holds it, fp16 in published checkpoints), so a loaded model holds one copy
+    of its weights, the runtime's, not the file's as well. A file changed after loading is refused."""
+
+    def __init__(self, path: Path, expected: Mapping[str, tuple[int, ...]]):
+        from safetensors import SafetensorError
+
+        if not path.is_file():
+            raise CheckpointError(f"{path}: file not found")
+        self.path, self.shapes = path, {name: tuple(shape) for name, shape in expected.items()}
+        try:
+            self._check()
+        except CheckpointError:
+            raise
+        except (SafetensorError, OSError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+        stat = path.stat()
+        self._identity = (stat.st_size, stat.st_mtime_ns)
+
+    def _check(self) -> None:
+        from safetensors import safe_open
+
+        with safe_open(str(self.path), framework="numpy") as handle:
             names = set(handle.keys())
-            missing = sorted(set(expected) - names)
-            extra = sorted(names - set(expected))
+            missing = sorted(set(self.shapes) - names)
+            extra = sorted(names - set(self.shapes))
             if missing:
-                raise CheckpointError(f"{path}: missing tensor {missing[0]!r}" + _more(missing))
+                raise CheckpointError(f"{self.path}: missing tensor {missing[0]!r}" + _more(missing))
             if extra:
-                raise CheckpointError(f"{path}: unexpected tensor {extra[0]!r}" + _more(extra))
-            for name, shape in expected.items():
+                raise CheckpointError(f"{self.path}: unexpected tensor {extra[0]!r}" + _more(extra))
+            for name, shape in self.shapes.items():
                 got = tuple(handle.get_slice(name).get_shape())
-                if got != tuple(shape):
-                    raise CheckpointError(f"{path}: tensor {name!r} has shape {got}, expected {tuple(shape)}")
-            weights = {}
-            for name in expected:
+                if got != shape:
+                    raise CheckpointError(f"{self.path}: tensor {name!r} has shape {got}, expected {shape}")
+            for name in self.shapes:
                 array = handle.get_tensor(name)
                 if not np.issubdtype(array.dtype, np.floating):
-                    raise CheckpointError(f"{path}: tensor {name!r} has dtype {array.dtype}, expected floats")
-                weights[name] = np.ascontiguousarray(array, dtype=np.float32)
-    except CheckpointError:
-        raise
-    except (SafetensorError, OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
-    for name, array in weights.items():
-        if not np.isfinite(array).all():
-            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values")
-    return weights
+                    raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {array.dtype}, expected floats")
+                if not np.isfinite(array).all():
+                    raise CheckpointError(f"{self.path}: tensor {name!r} holds NaN or infinite values")
+
+    def stored(self, name: str) -> np.ndarray:
+        """Tensor `name` in the file's own dtype."""
+        from safetensors import safe_open
+
+        if name not in self.shapes:
+            raise KeyError(name)
+        stat = self.path.stat()
+        if (stat.st_size, stat.st_mtime_ns) != self._identity:
+            raise CheckpointError(f"{self.path}: the weights file changed after the checkpoint was loaded; "
+                                  "load it again")
+        with safe_open(str(self.path), framework="numpy") as handle:
+            return handle.get_tensor(name)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.ascontiguousarray(self.stored(name), dtype=np.float32)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
 
 
 def _more(names: list[str]) -> str:
@@ -161,13 +194,13 @@ def _more(names: list[str]) -> str:
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: configs, tokenizer and fp32 weights, shared by every runtime."""
+    """A loaded checkpoint: configs, tokenizer and its checked weights file, shared by every runtime."""
 
     path: Path
     config: AgentConfig
     encoder: EncoderConfig
     tokenizer: Tokenizer
-    weights: dict[str, np.ndarray] = field(repr=False)
+    weights: Mapping[str, np.ndarray] = field(repr=False)  # a TensorFile, or {} for a bundle
     source: str = ""
 
     @cached_property
@@ -190,12 +223,10 @@ class Checkpoint:
                 digest.update(str(path.relative_to(self.path)).encode() + path.read_bytes())
         return digest.hexdigest()
 
-    def encoder_weights(self) -> dict[str, np.ndarray]:
-        return {k[len("encoder.") :]: v for k, v in self.weights.items() if k.startswith("encoder.")}
-
     @property
     def n_parameters(self) -> int:
-        return int(sum(v.size for k, v in self.weights.items() if k != "temperature"))
+        shapes = getattr(self.weights, "shapes", {})
+        return int(sum(np.prod(shape) for name, shape in shapes.items() if name != "temperature"))
 
 
 def load_checkpoint(
@@ -223,7 +254,7 @@ def load_checkpoint(
             f"{folder / ENCODER_CONFIG}: hidden_size {encoder.hidden_size} is not a multiple of 64 "
             "(the decision head uses heads of 64)"
         )
-    tensors = read_weights(folder / WEIGHTS_FILE, checkpoint_tensors(config, encoder)) if weights else {}
+    tensors = TensorFile(folder / WEIGHTS_FILE, checkpoint_tensors(config, encoder)) if weights else {}
     return Checkpoint(
         path=folder, config=config, encoder=encoder, tokenizer=tokenizer, weights=tensors,
         source=source or str(folder),

@@ -32,6 +32,7 @@ class Runtime(Protocol):
 # name -> (module, class, the import that must succeed for it to be available)
 RUNTIMES: dict[str, tuple[str, str, str]] = {
     "torch": ("laya.encoder.runtimes.pytorch", "TorchRuntime", "torch"),
+    "packed": ("laya.encoder.runtimes.packed", "PackedRuntime", "torch"),
     "onnx": ("laya.encoder.runtimes.onnx", "OnnxRuntime", "onnxruntime"),
     "mlx": ("laya.encoder.runtimes.mlx", "MlxRuntime", "mlx"),
     "coreml": ("laya.encoder.runtimes.coreml", "CoremlRuntime", "coremltools"),

@@ -1,19 +1,11 @@
 """The reference runtime: transformers' ModernBERT for the encoder, the head in plain PyTorch, fp32.
 
 Every other runtime is checked against this one. It follows laya-format.md section 6 literally
-and favours clarity over speed.
-
-`precision="bf16"` is the published checkpoints' own training precision and, on processors with
-bf16 units, 2.6-3.8x the fp32 GEMM speed: the encoder's four projections per layer are bf16 GEMMs
-(weights cast once, at load; fp32 accumulation, fp32 out), while attention itself, GeGLU's product,
-the embeddings, every LayerNorm (and so the residual stream), the first encoder layer, the decision
-head, the scorer and the act head stay fp32 (`BF16_PARTS_USED`). It is gated
-against fp32 at load (`laya.gate`), the record cached per checkpoint, processor and torch version.
+and favours clarity over speed; the fast CPU path is `runtime="packed"` (`packed.py`).
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -25,7 +17,6 @@ from laya.config import EncoderConfig
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
 from laya.errors import RuntimeUnavailable
-from laya.hardware import cpu
 from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
 
 
@@ -171,165 +162,24 @@ def act_features(z: torch.Tensor) -> torch.Tensor:
     return torch.stack([top[0], top[0] - top[1], entropy, kk / 255.0])
 
 
-PRECISIONS = ("fp32", "bf16")
-# Bumped whenever what runs in bf16 changes, so that cached gate records of the old split are not reused.
-BF16_REVISION = 3
-# Encoder layers kept in fp32: rounding in the first layer is carried through every later one. Measured on
-# the golden checkpoints: max |dp| 0.0214 with every layer in bf16, 0.0126 with the first in fp32 (the last
-# in fp32 instead: 0.0208); on the 22-layer mmBERT-base shape it is 1/22 of the encoder's work.
-FP32_LAYERS = 1
-# The parts of an encoder layer that can run in bf16 (benchmarks/precision_errors.py measures each alone):
-# the query, key and value thirds of Wqkv, the attention output, GeGLU's Wi and Wo, attention itself
-# (QK^T, softmax, PV) and GeGLU's product.
-BF16_PARTS = ("wq", "wk", "wv", "attn_out", "attention", "wi", "geglu", "mlp_out")
-# What the runtime runs in bf16: the projections but the query and key (together ~76% of an encoder
-# layer's arithmetic), each a bf16 GEMM with fp32 accumulation read back as fp32. Queries, keys and
-# attention stay fp32: with content-dependent attention the logits q.k are the sensitive quantity (an
-# input or a weight rounded to bf16's 8 bits moves them, and the softmax's weights with them: Wqkv alone
-# in bf16 moved answers by 0.023 on the adversarial checkpoint, the other projections 0.002-0.008 each).
-# GeGLU's product and everything between the GEMMs (RoPE, residual adds, LayerNorms) stay fp32.
-BF16_PARTS_USED = frozenset({"wv", "attn_out", "wi", "mlp_out"})
-
-
-class Bf16Linear(nn.Module):
-    """A projection whose weight is kept in bf16 (cast once) and whose input is rounded to bf16 for the
-    GEMM; the product is accumulated in fp32 by the kernel and handed on as fp32."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().to(torch.bfloat16), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x.to(torch.bfloat16), self.weight).float()
-        return y if self.bias is None else y + self.bias
-
-
-class SplitQkv(nn.Module):
-    """Wqkv with each of its query, key and value thirds in its own precision: one GEMM per precision,
-    the outputs concatenated in Wqkv's order."""
-
-    def __init__(self, linear: nn.Linear, bf16: tuple[bool, bool, bool]):
-        super().__init__()
-        if linear.bias is not None:
-            raise ValueError("SplitQkv expects Wqkv without a bias (ModernBERT's attention_bias=False)")
-        thirds = linear.weight.detach().chunk(3, dim=0)
-        self.bf16 = bf16
-        self.groups = nn.ModuleList()
-        for low in (False, True):  # consecutive thirds of one precision share a GEMM
-            picked = [w for w, b in zip(thirds, bf16) if b == low]
-            if picked:
-                w = torch.cat(picked)
-                self.groups.append(Bf16Linear(w) if low else _fp32_linear(w))
-        self.order = sorted(range(3), key=lambda i: bf16[i])  # third i's place among the GEMMs' outputs
-
-    @torch.autocast("cpu", enabled=False)  # the fp32 thirds stay fp32 inside bf16 attention too
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        out = torch.cat([g(x) for g in self.groups], dim=-1) if len(self.groups) > 1 else self.groups[0](x)
-        if self.order == [0, 1, 2]:
-            return out
-        parts = out.chunk(3, dim=-1)
-        return torch.cat([parts[self.order.index(i)] for i in range(3)], dim=-1)
-
-
-def _fp32_linear(weight: torch.Tensor) -> nn.Linear:
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    linear.weight = nn.Parameter(weight.clone(), requires_grad=False)
-    return linear
-
-
-def _bf16_attention(attn: nn.Module) -> None:
-    """Attention (QK^T, softmax, PV) in bf16: transformers' SDPA under autocast. The projections keep
-    their own precision: an fp32 one runs with autocast off."""
-    for name in ("Wqkv", "Wo"):
-        linear = getattr(attn, name)
-        if isinstance(linear, nn.Linear):
-            fp32 = torch.autocast("cpu", enabled=False)(linear.forward)
-            linear.forward = lambda x, fp32=fp32: fp32(x.float())
-    attn.forward = torch.autocast("cpu", dtype=torch.bfloat16)(attn.forward)
-
-
-def _bf16_geglu(mlp: nn.Module) -> None:
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        x, gate = mlp.Wi(hidden).chunk(2, dim=-1)
-        return mlp.Wo((mlp.act(x.to(torch.bfloat16)) * gate.to(torch.bfloat16)).float())
-
-    mlp.forward = forward
-
-
-def cast_bf16(net: DecisionNet, parts: frozenset[str] | set[str] = BF16_PARTS_USED,
-              layers: set[int] | None = None) -> DecisionNet:
-    """Run `parts` of the encoder layers in bf16 (all but the first FP32_LAYERS, or `layers`); all else,
-    the embeddings, LayerNorms, head, scorer and act head, stays fp32."""
-    unknown = set(parts) - set(BF16_PARTS)
-    if unknown:
-        raise ValueError(f"unknown bf16 parts {sorted(unknown)}; known: {BF16_PARTS}")
-    for i, layer in enumerate(net.encoder.layers):
-        if (i not in layers) if layers is not None else i < FP32_LAYERS:
-            continue
-        qkv = tuple(part in parts for part in ("wq", "wk", "wv"))
-        if all(qkv):
-            layer.attn.Wqkv = Bf16Linear(layer.attn.Wqkv.weight, layer.attn.Wqkv.bias)
-        elif any(qkv):
-            layer.attn.Wqkv = SplitQkv(layer.attn.Wqkv, qkv)
-        for part, owner, name in (("attn_out", layer.attn, "Wo"), ("wi", layer.mlp, "Wi"),
-                                  ("mlp_out", layer.mlp, "Wo")):
-            if part in parts:
-                linear = getattr(owner, name)
-                setattr(owner, name, Bf16Linear(linear.weight, linear.bias))
-        if "attention" in parts:
-            _bf16_attention(layer.attn)
-        if "geglu" in parts:
-            _bf16_geglu(layer.mlp)
-    return net
-
-
 class TorchRuntime:
-    """`runtime="torch"`: fp32 on the CPU, deterministic; or bf16 where the processor has bf16 units."""
+    """`runtime="torch"`: fp32 on the CPU, deterministic, the reference every other runtime is held to."""
 
     name = "torch"
+    precision = "fp32"
+    gate = None  # the reference is not gated: the others are gated against it
 
-    def __init__(self, checkpoint: Checkpoint, threads: int | None = None, precision: str = "fp32",
-                 force: bool = False):
-        if precision not in PRECISIONS:
-            raise RuntimeUnavailable(f"torch precision must be one of {PRECISIONS}, got {precision!r}")
-        refusal = cpu().bf16_refusal() if precision == "bf16" else None
-        if refusal and not force:
-            raise RuntimeUnavailable(f"torch bf16 refused: {refusal}. Use precision='fp32' (or another "
-                                     "runtime), or pass force=True to run it anyway")
+    def __init__(self, checkpoint: Checkpoint, threads: int | None = None, precision: str = "fp32"):
+        if precision != "fp32":
+            raise RuntimeUnavailable(f"the torch runtime is the fp32 reference; for {precision!r} use "
+                                     f"runtime='packed' (precision='{precision}'), or runtime='auto'")
         if threads:
             torch.set_num_threads(int(threads))
         tok, cfg, enc = checkpoint.tokenizer, checkpoint.config, checkpoint.encoder
         encoder = build_encoder(enc, tok.pad_id, tok.cls_id, tok.sep_id, cfg.max_len)
         net = DecisionNet(encoder, enc.hidden_size, cfg.head_layers, cfg.n_act)
-        state = {k: torch.from_numpy(v) for k, v in checkpoint.weights.items()}
-        net.load_state_dict(state, strict=True)
+        net.load_state_dict({k: torch.from_numpy(v) for k, v in checkpoint.weights.items()}, strict=True)
         self.net = net.eval()
-        self.precision = precision
-        self.gate: dict[str, Any] | None = None
-        if precision == "bf16":
-            self._to_bf16(checkpoint, force)
-
-    def _to_bf16(self, checkpoint: Checkpoint, force: bool) -> None:
-        from laya.gate import GateFailed, cached_gate, describe
-
-        def measure() -> dict[str, Any]:
-            from laya.gate import measure as run_gate
-
-            reference = TorchRuntime.__new__(TorchRuntime)
-            reference.net, reference.precision = self.net, "fp32"
-            candidate = TorchRuntime.__new__(TorchRuntime)
-            candidate.net, candidate.precision = cast_bf16(copy.deepcopy(self.net)), "bf16"
-            return run_gate(checkpoint, reference.forward, candidate.forward, "bf16")
-
-        key = f"torch-bf16-r{BF16_REVISION}-{checkpoint.fingerprint[:16]}-{cpu().key}-torch{torch.__version__}"
-        self.gate = cached_gate(key, measure)
-        self.net = cast_bf16(self.net)
-        if not self.gate["passed"] and not force:
-            raise GateFailed(f"torch bf16 failed its accuracy gate on {checkpoint.path} ({describe(self.gate)}): "
-                             "its answers drift from fp32 beyond the documented bound. Use precision='fp32', "
-                             "or pass force=True to accept it", self.gate)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
