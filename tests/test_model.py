@@ -20,8 +20,8 @@ STATE = "I was charged twice for my order and nobody answers my emails. Fix it n
 
 def test_response_shape(model):
     out = model.predict(STATE, {"team": ROUTE, "anger": ANGER, "urgent": URGENT})
-    assert set(out) == {"model", "answers", "usage", "x_usage"}
-    assert out["model"] == model.name
+    assert set(out) == {"model", "answers", "usage", "x_usage", "x_precision"}
+    assert out["model"] == model.name and out["x_precision"] == model.runtime.precision == "fp32"
     assert list(out["answers"]) == ["team", "anger", "urgent"]
     team, anger, urgent = out["answers"].values()
     assert set(team) == {"type", "choice", "probabilities", "confidence", "x_answer_confidence", "x_act_probability"}
@@ -132,5 +132,5 @@ def test_policy_modules_import_no_framework():
 
 
 def test_unknown_runtime_option(checkpoint_dir):
-    with pytest.raises(RuntimeUnavailable, match="takes no option 'bogus'; it takes force, precision, threads"):
+    with pytest.raises(RuntimeUnavailable, match="takes no option 'bogus'; it takes precision, threads"):
         load_quiet(checkpoint_dir, "torch", bogus=True)

@@ -16,7 +16,8 @@ def _every_field_set() -> SystemOneResponse:
     score = Answer("score", 1.25, {"0": 0.25, "1": 0.25, "2": 0.5}, 0.4, {"0": "fine", "2": "bad"}, 0.5,
                    {"x_act_probability": 0.1, "x_tournament": {"rounds": [["0", "1"]]}})
     noul = Answer("noul", 0.75, answer_confidence=0.75, extras={"x_abstain": False})
-    return SystemOneResponse("m", {"s": score, "u": noul}, 42, {"state_tokens": 7, "rows": 2}, "english", "latin")
+    return SystemOneResponse("m", {"s": score, "u": noul}, 42, {"state_tokens": 7, "rows": 2}, "english", "latin",
+                             "bf16")
 
 
 @pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])

@@ -92,7 +92,10 @@ def test_non_ascii_option_names_round_trip(server):
 def test_models_route_and_named_models(server, model, mm_model):
     listed = httpx.get(server.url + "/v1/models").json()["models"]
     assert [m["name"] for m in listed] == [model.name, mm_model.name, "jev-latest", "jev-preview"]
-    assert all(set(m) == {"name", "description", "release_date"} for m in listed)
+    served, aliases = listed[:2], listed[2:]
+    assert all(set(m) == {"name", "description", "release_date", "x_runtime", "x_precision"} for m in served)
+    assert [(m["x_runtime"], m["x_precision"]) for m in served] == [("torch", "fp32")] * 2
+    assert all(set(m) == {"name", "description", "release_date"} for m in aliases)
     for name, expected in ((mm_model.name, mm_model.name), ("jev-preview", model.name), ("jev-2026-09", model.name)):
         assert post(server, {"model": name, "state": "x", "questions": {"u": URGENT}}).json()["model"] == expected
 

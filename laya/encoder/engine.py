@@ -68,8 +68,10 @@ class EncoderEngine(InProcessEngine):
                 "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len,
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
-                **({"gate": {k: gate[k] for k in ("max_dp", "argmax_agreement", "batch_dependence_max_dp", "passed")
-                             if k in gate}} if gate else {})}
+                **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",
+                                                  "batch_dependence_max_dp", "passed", "plan") if k in gate}}
+                   if gate else {}),
+                **(self.model.runtime.details() if hasattr(self.model.runtime, "details") else {})}
 
 
 def _check(job: Prepared, limits: Limits) -> None:

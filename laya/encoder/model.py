@@ -275,7 +275,8 @@ class Model:
                                                          bucket_key(q.qtype, q.n_options), self.binning)
             answers[q.qid] = answer
         input_tokens, usage = row_usage(questions, rows_of)
-        return SystemOneResponse(model=self.name, answers=answers, input_tokens=input_tokens, x_usage=usage)
+        return SystemOneResponse(model=self.name, answers=answers, input_tokens=input_tokens, x_usage=usage,
+                                 precision=self.runtime.precision)
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
                       *, min_confidence: Threshold | None = None, overflow: Overflow = None) -> list[dict[str, Any]]:

@@ -146,7 +146,8 @@ def aggregate(windows: Windows, responses: list[SystemOneResponse]) -> SystemOne
         answers[qid] = answer
     usage = merged_usage(windows, [r.x_usage or {} for r in responses], list(answers))
     return SystemOneResponse(model=responses[0].model, answers=answers,
-                             input_tokens=sum(r.input_tokens for r in responses), x_usage=usage)
+                             input_tokens=sum(r.input_tokens for r in responses), x_usage=usage,
+                             precision=responses[0].precision)
 
 
 def merged_usage(windows: Windows, usages: list[dict[str, Any]], qids: list[str]) -> dict[str, Any]:

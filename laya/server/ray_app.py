@@ -58,6 +58,7 @@ class ModelConfig:
     source: str
     name: str | None = None
     runtime: str | None = None  # laya checkpoints: auto unless named; a .gguf goes to the decide engine
+    precision: str | None = None  # the runtime's precision (with auto: "fp32" keeps it exact)
     threads: int = 1  # CPU threads per replica (also the CPUs a replica reserves, unless num_cpus says)
     calibration: str | None = None
     compact: bool = False
@@ -79,7 +80,7 @@ class ModelConfig:
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", base)[:64]
 
     def serve_options(self) -> ServeOptions:
-        return ServeOptions(runtime=self.runtime, threads=self.threads, n_ctx=self.n_ctx,
+        return ServeOptions(runtime=self.runtime, precision=self.precision, threads=self.threads, n_ctx=self.n_ctx,
                             prefix_cache=self.prefix_cache, compact=self.compact, engine_process=False,
                             calibration={"": self.calibration} if self.calibration else {})
 
@@ -469,7 +470,8 @@ def from_options(options: ServeOptions, *, replicas: int = 1, max_ongoing_reques
     models = []
     for spec in options.models:
         models.append(ModelConfig(source=spec.source, name=spec.name, runtime=options.runtime,
-                                  threads=options.threads or 1, calibration=options.calibration_for(spec),
+                                  precision=options.precision, threads=options.threads or 1,
+                                  calibration=options.calibration_for(spec),
                                   compact=options.compact,
                                   n_ctx=options.n_ctx, prefix_cache=options.prefix_cache,
                                   readout=spec.readout or options.readout, num_replicas=replicas,

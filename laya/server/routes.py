@@ -390,7 +390,9 @@ async def models(request: Request):
     out = []
     for n, e in ctx.served.engines.items():
         entry = {"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
-        if (readout := e.describe().get("readout")) is not None:  # a GGUF's readout profile
+        described = e.describe()
+        entry |= {f"x_{key}": described[key] for key in ("runtime", "precision") if key in described}
+        if (readout := described.get("readout")) is not None:  # a GGUF's readout profile
             entry["x_readout"] = readout
         out.append(entry)
     if ctx.served.default:

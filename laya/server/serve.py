@@ -51,7 +51,8 @@ class ModelSpec:
 @dataclass
 class ServeOptions:
     models: list[ModelSpec] = field(default_factory=list)
-    runtime: str | None = None  # laya checkpoints: torch unless told (a bundle picks its own)
+    runtime: str | None = None  # laya checkpoints: auto unless told (a bundle picks its own)
+    precision: str | None = None  # laya checkpoints: the runtime's precision; with auto only "fp32" (exact)
     threads: int | None = None
     n_ctx: int | None = None  # decide engine context (None: the model's trained one, as memory allows)
     readout: str | None = None  # decide engine: the readout of every GGUF given without one (else its metadata's)
@@ -99,6 +100,8 @@ def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = Fa
     from laya.models.registry import lookup
 
     runtime_options: dict[str, Any] = {"threads": options.threads} if options.threads else {}
+    if options.precision:
+        runtime_options["precision"] = options.precision
     if options.compact:
         runtime_options["compact"] = True
     model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only,
