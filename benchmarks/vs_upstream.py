@@ -1,21 +1,31 @@
 """laya against upstream laya 0.4.15 (fp32, torch, the same CPUs), in one interleaved run.
 
-    .venv/bin/python benchmarks/vs_upstream.py [--shape base|small] [-r auto -r torch ...] [--repeats 7] [--memory]
+    .venv/bin/python benchmarks/vs_upstream.py [--shape base|small] [-r auto -r packed:bf16 ...] [--force]
+        [--repeats 7] [--json benchmarks/results/NAME.json]
 
-The checkpoint is generated in the exact published format (random weights, so only speed means
-anything): by default the full mmBERT-base shape (22 layers, d 768, 12 heads, GeGLU 1152, a 256k
-vocabulary, a 128-token sliding window with global attention every third layer). Scenarios, as in
-issue 24: one question over a 128-token row, one over a 512-token row, and 4 choice questions over a
-300-token state. Upstream runs in its own virtual environment (`.venv-upstream`, the one the golden
-tests build) and process; every repeat times upstream, then each of our runtimes, on the same input,
-never at the same time, with the same thread count. Reported: medians (min-max) of the whole call
-(`Agent.system_one` upstream, `Model.predict` here) and the speed-up over upstream, with the processor.
+The checkpoint is generated in the exact published format (random weights): by default the full
+mmBERT-base shape (22 layers, d 768, 12 heads, GeGLU 1152, a 256k vocabulary, a 128-token sliding
+window with global attention every third layer), with attention logits of spread 1 (`--weights
+conditioned`, the default: with the generator's raw weights every attention head is one-hot, a
+network on which no reduced precision can stay near fp32, so its gates refuse them; speed does not
+depend on it). Scenarios: one question over a 128-token and a 512-token row, 4 choice questions over
+a 300-token state and 10 over a 512-token state. Upstream runs in its own virtual environment
+(`.venv-upstream`, the one the golden tests build) and process; every repeat times upstream, then each
+of our runtimes, on the same input, never at the same time, with the same thread count.
+
+Reported per scenario: medians of the whole call (`Agent.system_one` upstream, `Model.predict` here),
+the speed-up over upstream, the bf16 matrix floor of the rows on this machine (benchmarks/floor.py)
+and each runtime's ratio to it; per runtime: what auto chose, its plan and gate, the oneDNN kernels
+that answered (read from oneDNN's verbose log) and its peak memory in a process of its own. `--json`
+writes all of it for `benchmarks/performance_doc.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -24,10 +34,12 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests" / "golden"))
+sys.path.insert(0, str(HERE))
 
 SHAPES = {
     "base": dict(flavour="mmbert", hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
@@ -35,22 +47,155 @@ SHAPES = {
     "small": dict(flavour="mmbert", hidden_size=256, num_layers=6, num_heads=4, intermediate_size=384,
                   local_attention=128, max_len=1024, head_max_len=256, seed=3),
 }
+CONDITIONED = {"attention_logit_std": 1.0, "scorer_gain": 1.0}
+
+
+def processor_kind(machine) -> str:
+    """The kind of processor a table is for: what decides which precision can be fast on it."""
+    if "amx_bf16" in machine.flags:
+        return "AMX"
+    if machine.bf16_units:
+        return "AVX-512 BF16"
+    if "avx512f" in machine.flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in machine.flags else machine.arch
+
+
+def plan_scenarios(model) -> list:
+    from laya.bench import Scenario, scenarios
+
+    plan = scenarios(model, [128, 512], [4], 300)
+    ten = scenarios(model, [], [10], 512)[0]
+    return plan + [Scenario(ten.name, ten.state, ten.questions)]
+
+
+def load_runtimes(specs: list[str], folder: Path, threads: int, force: bool) -> dict[str, Any]:
+    import laya
+
+    models = {}
+    for spec in specs:
+        name, _, precision = spec.partition(":")
+        options: dict[str, Any] = {"precision": precision} if precision else {}
+        if force and precision and precision not in ("fp32", "f32"):
+            options["force"] = True
+        started = time.perf_counter()
+        models[spec] = laya.load(folder, runtime=name, threads=threads, **options)
+        how = models[spec].choice.describe() if models[spec].choice else models[spec].runtime.precision
+        print(f"loaded {spec} in {time.perf_counter() - started:.1f} s: {how}", flush=True)
+    return models
+
+
+def time_interleaved(models: dict[str, Any], plan: list, upstream, repeats: int, warmup: int) -> list[dict]:
+    out = []
+    for sc in plan:
+        tokens = sum(len(r.ids) for r in next(iter(models.values())).prepare([sc.state], sc.questions).rows[0])
+        times: dict[str, list[float]] = {"upstream": [], **{spec: [] for spec in models}}
+        for rep in range(warmup + repeats):
+            ms = upstream(sc.state, sc.questions)
+            if rep >= warmup:
+                times["upstream"].append(ms)
+            for spec, model in models.items():
+                started = time.perf_counter()
+                model.predict(sc.state, sc.questions)
+                if rep >= warmup:
+                    times[spec].append((time.perf_counter() - started) * 1000)
+        out.append({"scenario": sc.name, "tokens": tokens, "questions": len(sc.questions),
+                    "medians_ms": {k: round(statistics.median(v), 2) for k, v in times.items()},
+                    "min_ms": {k: round(min(v), 2) for k, v in times.items()}})
+        print(f"  {sc.name}: done", flush=True)
+    return out
+
+
+def add_floors(results: list[dict], checkpoint, plan: list, model) -> None:
+    """Each scenario's bf16 matrix floor (its rows' products, summed) and every runtime's ratio to it."""
+    from floor import row_floor_ms
+
+    for result, sc in zip(results, plan):
+        rows = model.prepare([sc.state], sc.questions).rows[0]
+        result["bf16_floor_ms"] = round(sum(row_floor_ms(checkpoint, len(r.ids), len(r.markers)) for r in rows), 2)
+        base = result["medians_ms"]["upstream"]
+        result["speedup"] = {k: round(base / v, 3) for k, v in result["medians_ms"].items()}
+        result["x_floor"] = {k: round(v / result["bf16_floor_ms"], 2) for k, v in result["medians_ms"].items()}
+
+
+def describe_runtime(model) -> dict[str, Any]:
+    runtime = model.runtime
+    details = runtime.details() if hasattr(runtime, "details") else {}
+    gate = runtime.gate or None
+    return {"runtime": runtime.name, "precision": runtime.precision, **details,
+            "choice": model.choice.describe() if model.choice else None,
+            "gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "batch_dependence_max_dp", "passed", "plan")
+                     if k in gate} if gate else None}
+
+
+def in_own_process(folder: Path, spec: str, threads: int, force: bool, plan: list, kernels: bool) -> dict[str, Any]:
+    """Peak memory (VmHWM) of a fresh process that loads `spec` (its programs and gates cached by now) and
+    answers each scenario once; and the oneDNN kernels that answered."""
+    from floor import kernels as onednn_kernels
+
+    name, _, precision = spec.partition(":")
+    options = {"threads": threads, **({"precision": precision} if precision else {}),
+               **({"force": True} if force and precision and precision not in ("fp32", "f32") else {})}
+    requests = [(sc.state, sc.questions) for sc in plan]
+    load = (f"import json, sys, warnings; warnings.simplefilter('ignore'); import laya\n"
+            f"m = laya.load({str(folder)!r}, runtime={name!r}, **{options!r})\n")
+    answer = f"for state, questions in json.loads({json.dumps(requests)!r}): m.predict(state, questions)\n"
+    peak = ("print(next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:'))"
+            " / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", load + answer + peak], capture_output=True, text=True, timeout=3600)
+    found: dict[str, Any] = {"peak_mb": round(float(out.stdout.strip().splitlines()[-1]), 1)
+                             if out.returncode == 0 else None}
+    if kernels:
+        found["kernels"] = onednn_kernels(load + "print('LOADED', flush=True)\n" + answer)
+    return found
+
+
+def _peak_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def print_report(record: dict[str, Any]) -> None:
+    names = ["upstream", *record["runtimes"]]
+    print(f"\nprocessor: {record['processor']['described']}; {record['threads']} threads; shape {record['shape']} "
+          f"({record['weights']} weights); upstream laya 0.4.15 on torch {record['versions']['upstream_torch']}, "
+          f"ours on torch {record['versions']['torch']}")
+    print(f"{'scenario':34s} {'tokens':>6s} {'bf16 floor':>11s} " + " ".join(f"{n:>28s}" for n in names))
+    for r in record["scenarios"]:
+        cells = [f"{r['medians_ms'][n]:8.1f} ms {r['speedup'][n]:5.2f}x {r['x_floor'][n]:4.1f}f" for n in names]
+        print(f"{r['scenario']:34s} {r['tokens']:6d} {r['bf16_floor_ms']:8.1f} ms "
+              + " ".join(f"{c:>28s}" for c in cells))
+    print("(each cell: median, speed-up over upstream, times the bf16 matrix floor)")
+    print(f"{'peak memory (own process)':34s} {'':6s} {'':11s} " + " ".join(
+        f"{(record['upstream']['peak_mb'] if n == 'upstream' else record['runtimes'][n].get('peak_mb')) or 0:>25.0f} MB"
+        for n in names))
+    for spec, info in record["runtimes"].items():
+        print(f"{spec}: {info['runtime']} {info['precision']}" + (f", {info['plan']}" if info.get("plan") else "")
+              + (", compiled" if info.get("compiled") else "") + (f"; {info['choice']}" if info.get("choice") else ""))
+        if info.get("gate"):
+            print(f"  gate: {info['gate']}")
+        if info.get("kernels"):
+            from floor import kernel_summary
+
+            print(f"  oneDNN kernels that answered: {kernel_summary(info['kernels'])}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
-    parser.add_argument("-r", "--runtime", action="append", help="our runtimes to time (default: auto)")
+    parser.add_argument("-r", "--runtime", action="append", help="our runtimes to time, e.g. auto, packed:bf16 "
+                                                                  "(default: auto)")
+    parser.add_argument("--force", action="store_true", help="time reduced precisions whose gate failed too")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--upstream-venv", type=Path, default=ROOT / ".venv-upstream")
-    parser.add_argument("--memory", action="store_true",
-                        help="also each runtime's peak memory: loading it and answering every scenario once, in "
-                             "a process of its own (after the timing, its bundles cached)")
-    parser.add_argument("--weights", choices=["default", "conditioned"], default="default",
-                        help="conditioned: attention logits of spread 1 (the generator's default Wqkv makes the "
-                             "base shape's attention one-hot); speed does not depend on it")
+    parser.add_argument("--weights", choices=["conditioned", "raw"], default="conditioned")
+    parser.add_argument("--json", type=Path, help="write the record here (for benchmarks/performance_doc.py)")
+    parser.add_argument("--no-memory", action="store_true", help="skip each runtime's own process (memory, kernels)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
@@ -58,15 +203,13 @@ def main() -> None:
     from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
     from make_golden import ensure_upstream
 
-    import laya
-    from laya.bench import scenarios
     from laya.hardware import cpu
 
     torch.set_num_threads(args.threads)
-    runtimes = args.runtime or ["auto"]
+    specs = args.runtime or ["auto"]
     python = ensure_upstream(args.upstream_venv)
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"attention_logit_std": 1.0, "scorer_gain": 1.0} if args.weights == "conditioned" else {}
+        extra = CONDITIONED if args.weights == "conditioned" else {}
         folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape], **extra))
         copy = Path(tmp) / "upstream-copy"  # upstream rewrites tokenizer_config.json in place
         shutil.copytree(folder, copy)
@@ -80,74 +223,33 @@ def main() -> None:
             worker.stdin.flush()
             return json.loads(worker.stdout.readline())["ms"][0]
 
-        models = {}
-        for spec in runtimes:
-            name, _, precision = spec.partition(":")
-            options = {"precision": precision} if precision else {}
-            started = time.perf_counter()
-            models[spec] = laya.load(folder, runtime=name, threads=args.threads, **options)
-            how = models[spec].choice.describe() if models[spec].choice else models[spec].runtime.precision
-            print(f"loaded {spec} in {time.perf_counter() - started:.1f} s: {how}", flush=True)
-        plan = scenarios(next(iter(models.values())), [128, 512], [4], 300)
-        rows = []
-        for sc in plan:
-            prepared = next(iter(models.values())).prepare([sc.state], sc.questions)
-            tokens = sum(len(r.ids) for r in prepared.rows[0])
-            times: dict[str, list[float]] = {"upstream": [], **{spec: [] for spec in models}}
-            for rep in range(args.warmup + args.repeats):
-                ms = upstream(sc.state, sc.questions)
-                if rep >= args.warmup:
-                    times["upstream"].append(ms)
-                for spec, model in models.items():
-                    started = time.perf_counter()
-                    model.predict(sc.state, sc.questions)
-                    if rep >= args.warmup:
-                        times[spec].append((time.perf_counter() - started) * 1000)
-            rows.append((sc.name, tokens, times))
-            print(f"  {sc.name}: done", flush=True)
+        models = load_runtimes(specs, folder, args.threads, args.force)
+        first = next(iter(models.values()))
+        plan = plan_scenarios(first)
+        results = time_interleaved(models, plan, upstream, args.repeats, args.warmup)
         upstream_peak = _peak_mb(worker.pid)
         worker.stdin.close()
         worker.wait(timeout=30)
-        peaks = {spec: _peak_in_own_process(folder, spec, args.threads, plan) for spec in models} if args.memory else {}
+        add_floors(results, first.checkpoint, plan, first)
+        runtimes = {spec: describe_runtime(m) for spec, m in models.items()}
+        if not args.no_memory:
+            for spec in models:
+                runtimes[spec].update(in_own_process(folder, spec, args.threads, args.force, plan, kernels=True))
 
     machine = cpu()
-    print(f"\nprocessor: {machine.describe()}; {args.threads} threads; shape {args.shape}; "
-          f"upstream laya 0.4.15 on torch {ready['torch']}, ours on torch {torch.__version__}")
-    names = ["upstream", *models]
-    print(f"{'scenario':34s} {'tokens':>6s} " + " ".join(f"{n:>24s}" for n in names))
-    for name, tokens, times in rows:
-        base = statistics.median(times["upstream"])
-        cells = []
-        for n in names:
-            med = statistics.median(times[n])
-            cells.append(f"{med:8.1f} ms ({base / med:4.2f}x)")
-        print(f"{name:34s} {tokens:6d} " + " ".join(f"{c:>24s}" for c in cells))
-    if peaks:
-        print(f"{'peak memory (RSS)':34s} {'':6s} " + " ".join(
-            f"{(upstream_peak if n == 'upstream' else peaks[n]):>21.0f} MB" for n in names))
-
-
-def _peak_mb(pid: int) -> float:
-    """A live process's peak resident memory (VmHWM), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _peak_in_own_process(folder: Path, spec: str, threads: int, plan) -> float:
-    """Peak RSS of a fresh process that loads `spec` and answers each scenario once."""
-    name, _, precision = spec.partition(":")
-    requests = [(sc.state, sc.questions) for sc in plan]
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child reports its parent's peak
-    code = ("import json, sys, warnings; warnings.simplefilter('ignore'); import laya\n"
-            f"m = laya.load({str(folder)!r}, runtime={name!r}, threads={threads}"
-            + (f", precision={precision!r}" if precision else "") + ")\n"
-            f"for state, questions in json.loads({json.dumps(requests)!r}): m.predict(state, questions)\n"
-            "print(next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:'))"
-            " / 1024)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
-    return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else float("nan")
+    record = {
+        "benchmark": "vs_upstream",
+        "command": "python benchmarks/vs_upstream.py " + shlex.join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "processor": {"model": machine.model, "kind": processor_kind(machine), "described": machine.describe()},
+        "threads": args.threads, "shape": args.shape, "weights": args.weights,
+        "versions": {"torch": torch.__version__, "upstream_torch": ready["torch"], "upstream_laya": "0.4.15"},
+        "upstream": {"peak_mb": upstream_peak}, "runtimes": runtimes, "scenarios": results}
+    print_report(record)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def corrupt_one_weight(monkeypatch) -> None:
     """A reduced-precision network with one weight wrong: the kind of drift the gate exists to catch."""
     real = packed.RowNet
 
-    def corrupted(checkpoint, plan=rownet.Plan()):
+    def corrupted(checkpoint, plan):
         net = real(checkpoint, plan)
         if plan.matmul != "fp32":
             with torch.no_grad():
@@ -130,7 +130,7 @@ def test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes(monkeypatch, c
     on_cpu(monkeypatch, with_bf16("first-layer"))
     real = packed.RowNet
 
-    def first_layer_drifts(checkpoint, plan=rownet.Plan()):
+    def first_layer_drifts(checkpoint, plan):
         net = real(checkpoint, plan)
         if plan.matmul != "fp32" and plan.fp32_layers == 0:
             with torch.no_grad():

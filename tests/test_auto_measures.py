@@ -21,7 +21,7 @@ from live_server import LiveServer
 
 from laya import bench, choice, hardware
 from laya.cli import main
-from laya.encoder.runtimes import base, packed, rownet
+from laya.encoder.runtimes import base, packed
 from laya.errors import RuntimeUnavailable
 from laya.hardware import Cpu
 
@@ -204,7 +204,7 @@ def test_a_candidate_whose_gate_fails_is_not_timed(machine, checkpoint_dir, monk
     on_cpu(monkeypatch, Cpu("auto-measures test, bf16 corrupted", "x86_64", machine.flags))  # a gate of its own
     network = packed.RowNet
 
-    def corrupted(checkpoint, plan=rownet.Plan()):  # one wrong weight: the drift the gate exists to catch
+    def corrupted(checkpoint, plan):  # one wrong weight: the drift the gate exists to catch
         net = network(checkpoint, plan)
         if plan.matmul != "fp32":
             with torch.no_grad():
