@@ -18,6 +18,7 @@ from typing import Any
 from laya.engine import is_gguf
 from laya.errors import LayaError
 from laya.limits import Limits
+from laya.outbound import bearer, check_key_transport, read_key_file, request
 
 
 class UsageError(LayaError):
@@ -111,7 +112,8 @@ def predict_lines(args: argparse.Namespace) -> int:
         if args.model is not None:
             raise UsageError("--url sends the lines to a running server, which has its models: drop --model "
                              "(or put \"model\" in the lines)")
-        answer = jsonl.remote_answer(args.url, read_api_key(args.api_key_file), args.concurrency or 4)
+        answer = jsonl.remote_answer(args.url, read_key_file(args.api_key_file, "--api-key-file"),
+                                     args.concurrency or 4)
         chunk = max(jsonl.CHUNK, 4 * (args.concurrency or 4))
     else:
         if args.model is None:
@@ -185,10 +187,11 @@ def _overflow_body(overflow: Any) -> Any:
 def _remote_plan(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     import httpx
 
-    key = read_api_key(args.api_key_file)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    key = read_key_file(args.api_key_file, "--api-key-file")
+    check_key_transport(args.url, key, "--api-key-file")
     try:
-        r = httpx.post(args.url.rstrip("/") + "/v1/systemone/plan", json=body, headers=headers, timeout=60)
+        with httpx.Client(base_url=args.url.rstrip("/"), headers=bearer(key), timeout=60) as client:
+            r = request(client, "POST", "/v1/systemone/plan", json=body)
     except httpx.HTTPError as exc:
         raise LayaError(f"{args.url} cannot be reached: {exc}") from None
     if r.status_code != 200:
@@ -231,13 +234,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.lens and all(m.remote or is_gguf(m.source) for m in methods):
         raise UsageError("--lens reads laya checkpoints, and no method is one (--decide-probe FILE reads a GGUF's)")
     work = Path(args.work or (Path(args.json).with_suffix(".work") if args.json else ".laya-eval"))
-    key = read_api_key(args.api_key_file) if any(m.remote for m in methods) else None
+    keys = url_keys(args.url_key, methods)
     results = {}
     for method in methods:
         if not args.no_progress:
             print(f"laya: {method.spec}", file=sys.stderr)
         results[method.spec] = evaluation.run_method(method, records, work, concurrency=args.concurrency,
-                                                     api_key=key, threads=args.threads,
+                                                     api_key=keys.get(method.spec), threads=args.threads,
                                                      progress=not args.no_progress, decide_probe=args.decide_probe)
     rep = evaluation.report(records, results, data=args.data, precision=args.target_precision)
     if args.lens:
@@ -346,7 +349,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_queue_ms=args.max_queue_ms, request_timeout_s=args.request_timeout_s,
                           drain_s=args.drain_s,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
-                          limits=limits, loopback_only=args.host in LOOPBACK_BINDS)
+                          limits=limits, loopback_only=args.host in LOOPBACK_BINDS,
+                          public_metrics=args.public_metrics, public_docs=args.public_docs)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            precision=args.precision, threads=args.threads, n_ctx=args.n_ctx,
                            prefix_cache=args.prefix_cache,
@@ -412,6 +416,24 @@ def read_api_key(path: str | None) -> str | None:
     if not key or "\n" in key:
         raise LayaError(f"--api-key-file {path}: the file must hold one non-empty line, the key")
     return key
+
+
+def url_keys(values: list[str], methods: list[Any]) -> dict[str, str]:
+    """`--url-key URL=PATH` (repeatable) -> {method spec: key}: each URL's key read from its own file."""
+    urls = {m.source: m.spec for m in methods if m.remote}
+    out: dict[str, str] = {}
+    for value in values:
+        url, sep, path = value.partition("=")
+        url = url.rstrip("/").removesuffix("/v1/systemone")
+        if not sep or not path:
+            raise UsageError(f"--url-key {value[:200]!r}: give URL=PATH (a file holding that URL's key)")
+        specs = [spec for source, spec in urls.items() if source == url]
+        if not specs:
+            raise UsageError(f"--url-key {url[:200]!r}: no method -m names that URL")
+        key = read_key_file(path, f"--url-key {url}")
+        for spec in specs:
+            out[spec] = key  # type: ignore[assignment]
+    return out
 
 
 def calibration_args(values: list[str] | None, models: list[str] | None) -> dict[str, str]:
@@ -520,7 +542,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     questions = _json_arg(args.questions, "--questions")
     teacher = parse_method(args.teacher)
-    key = read_api_key(args.api_key_file) if teacher.remote else None
+    if args.teacher_key is not None and not teacher.remote:
+        raise UsageError("--teacher-key is the key of a teacher URL; this teacher runs here")
+    key = read_key_file(args.teacher_key, "--teacher-key")
     report = distill.distill(args.teacher, args.student, args.states, questions, args.out, api_key=key,
                              concurrency=args.concurrency, rate=args.rate, hard_weight=args.hard_weight,
                              threads=args.threads, progress=not args.quiet, **_training_settings(args))
@@ -651,10 +675,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         raise UsageError("--model is required (or --url to front a running laya serve)")
     if not args.http and (args.host != "127.0.0.1" or args.port is not None):
         raise UsageError("--host and --port are for --http (stdio is the default transport)")
-    api_key = read_api_key(args.api_key_file)
+    if args.url_key_file is not None and args.url is None:
+        raise UsageError("--url-key-file is the key of the server --url names")
+    api_key = read_api_key(args.api_key_file) if args.http else None
+    url_key = read_key_file(args.url_key_file, "--url-key-file")
     load = None if args.model is None else (lambda: _engine(args))
-    run(load=load, source=args.model, url=args.url, api_key=api_key, http=args.http, host=args.host,
-        **({"port": args.port} if args.port is not None else {}))
+    run(load=load, source=args.model, url=args.url, api_key=api_key, url_key=url_key, http=args.http,
+        host=args.host, **({"port": args.port} if args.port is not None else {}))
     return 0
 
 
@@ -743,7 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--output", "-o", metavar="OUT.jsonl",
                          help="one answer or error per input line, in order; ids already there are skipped")
     predict.add_argument("--url", help="JSONL run: send the lines to this running laya serve instead of loading")
-    predict.add_argument("--api-key-file", metavar="PATH", help="with --url: the server's key (or LAYA_API_KEY)")
+    predict.add_argument("--api-key-file", metavar="PATH",
+                         help="with --url: a file holding that server's key (never read from LAYA_API_KEY)")
     predict.add_argument("--concurrency", type=int, metavar="N", help="with --url: requests in flight (default 4)")
     predict.add_argument("--no-progress", action="store_true", help="JSONL run: no progress on stderr")
     predict.add_argument("--pretty", action="store_true", help="indent the JSON output")
@@ -766,7 +794,8 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--state-json", action="store_true", help="parse the state as JSON (object or list)")
     pln.add_argument("--questions", "-q", required=True, help="questions JSON, or @file.json")
     pln.add_argument("--url", help="ask this running laya serve (POST /v1/systemone/plan) instead of loading")
-    pln.add_argument("--api-key-file", metavar="PATH", help="with --url: the server's key (or LAYA_API_KEY)")
+    pln.add_argument("--api-key-file", metavar="PATH",
+                     help="with --url: a file holding that server's key (never read from LAYA_API_KEY)")
     pln.add_argument("--tournament", type=int, metavar="G", help="as for predict")
     pln.add_argument("--overflow", choices=["truncate", "keep_start", "keep_end", "scan"], help="as for predict")
     pln.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
@@ -806,7 +835,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--target-precision", type=float, default=0.9,
                     help="the precision the coverage figure keeps (the abstention it would buy)")
     ev.add_argument("--concurrency", type=int, default=1, help="requests in flight to a URL (local: one at a time)")
-    ev.add_argument("--api-key-file", metavar="PATH", help="the URL's key (or LAYA_API_KEY)")
+    ev.add_argument("--url-key", action="append", metavar="URL=PATH", default=[],
+                    help="a file holding the key of the method URL (each URL only its own; repeat)")
     ev.add_argument("--threads", type=int, help="CPU threads of local models")
     ev.add_argument("--decide-probe", metavar="FILE", help=PROBE_HELP)
     ev.add_argument("--lens", metavar="FILE", help="laya checkpoints: append each answer's per-layer lens to FILE "
@@ -829,6 +859,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key-file", metavar="PATH",
                      help="require 'Authorization: Bearer KEY', the key read from this file (or set LAYA_API_KEY)")
     srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
+    srv.add_argument("--public-metrics", action="store_true",
+                     help="with a key: /metrics answers without it (a scraper on a trusted network)")
+    srv.add_argument("--public-docs", action="store_true",
+                     help="with a key: /docs, /redoc and /openapi.json answer without it")
     srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
     srv.add_argument("--ray", action="store_true",
                      help="serve on Ray Serve: each model a deployment with its own replicas (joins the cluster "
@@ -929,11 +963,12 @@ def build_parser() -> argparse.ArgumentParser:
     dst = sub.add_parser("distill", help="train a fast checkpoint on a slow teacher's answers to your states")
     dst.add_argument("states", help="JSONL: a state per line (text or JSON), or {\"state\", \"labels\"?}")
     dst.add_argument("--teacher", required=True,
-                     help="a System One URL[#model=NAME] (with --api-key-file), a chat .gguf[:READOUT] or a checkpoint")
+                     help="a System One URL[#model=NAME] (with --teacher-key), a chat .gguf[:READOUT] or a checkpoint")
     dst.add_argument("--student", required=True, help="the checkpoint to train (folder, registered name or Hub id)")
     dst.add_argument("--questions", "-q", required=True, help="the questions: inline JSON or @file")
     dst.add_argument("--out", required=True, help="folder of the student checkpoint (teacher/ and report/ inside)")
-    dst.add_argument("--api-key-file", metavar="PATH", help="the teacher URL's key (or LAYA_API_KEY)")
+    dst.add_argument("--teacher-key", metavar="PATH",
+                     help="a file holding the teacher URL's key (never read from LAYA_API_KEY)")
     dst.add_argument("--concurrency", type=int, default=4, help="requests in flight to a teacher URL")
     dst.add_argument("--rate", type=float, help="at most this many requests a second to a teacher URL")
     dst.add_argument("--hard-weight", type=float, default=0.5,
@@ -1002,8 +1037,9 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--host", default="127.0.0.1", help="with --http: address to bind (default 127.0.0.1)")
     mcp.add_argument("--port", type=int, help="with --http: port (default 8765)")
     mcp.add_argument("--api-key-file", metavar="PATH",
-                     help="a file holding the key (or LAYA_API_KEY): with --http clients must send it as a bearer "
-                          "token; with --url it is sent to the server")
+                     help="with --http: a file holding the key clients must send as a bearer token (or LAYA_API_KEY)")
+    mcp.add_argument("--url-key-file", metavar="PATH",
+                     help="with --url: a file holding that server's key (never read from LAYA_API_KEY)")
     mcp.add_argument("--api-key", help=argparse.SUPPRESS)
     mcp.add_argument("--url", help="front a running laya serve at this URL instead of loading a model")
     mcp.set_defaults(func=cmd_mcp)

@@ -28,6 +28,7 @@ from typing import IO, Any
 from laya.api import ApiError, error_body, parse_systemone
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
+from laya.outbound import bearer, check_key_transport, request
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # the server's default body bound
 MAX_ID_CHARS = 200
@@ -322,8 +323,8 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
 
     if concurrency < 1:
         raise LayaError(f"--concurrency must be at least 1, got {concurrency}")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+    check_key_transport(url, api_key, url)
+    client = httpx.Client(base_url=url.rstrip("/"), headers=bearer(api_key), timeout=timeout_s)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="laya-jsonl")
     lock = threading.Lock()
     unreachable: list[str] = []
@@ -351,7 +352,9 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
             paced()
             started = time.perf_counter()
             try:
-                r = client.post("/v1/systemone", json=line.body)
+                r = request(client, "POST", "/v1/systemone", json=line.body)
+            except LayaError as exc:  # an answer over the cap
+                return {"error": failure(502, "bad_gateway", str(exc))}
             except httpx.HTTPError as exc:
                 if attempt == RETRIES - 1:
                     with lock:
@@ -360,7 +363,11 @@ def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s
                 sleep(min(2.0 ** attempt * 0.25, MAX_RETRY_AFTER_S))
                 continue
             if r.status_code == 200:
-                return {"response": r.json(), **({"ms": (time.perf_counter() - started) * 1000.0} if timed else {})}
+                try:
+                    response = r.json()
+                except ValueError:
+                    return {"error": failure(502, "bad_gateway", f"{url} answered 200 with a body that is not JSON")}
+                return {"response": response, **({"ms": (time.perf_counter() - started) * 1000.0} if timed else {})}
             if r.status_code in (429, 503) and attempt < RETRIES - 1:
                 sleep(_retry_after(r.headers.get("retry-after"), attempt))
                 continue

@@ -23,7 +23,8 @@ class Job:
 
 class ScriptedEngine:
     """Answers every noul with 0.5 after `delay` seconds per state (a cancelled job stops between
-    states, as the real engines stop between forward passes); the state "boom" raises inside `execute`."""
+    states, as the real engines stop between forward passes); the state "boom" raises inside `execute`,
+    and "hang" blocks there forever (a forward pass stuck in a native call)."""
 
     description = "scripted test engine"
     release_date = "2026-01-01"
@@ -47,6 +48,8 @@ class ScriptedEngine:
         return len(job.states) * len(job.questions)
 
     def execute(self, jobs: list[Job]) -> list[list[dict]]:
+        if any(s == "hang" for job in jobs for s in job.states):
+            threading.Event().wait()
         if any(s == "boom" for job in jobs for s in job.states):
             time.sleep(self.delay)
             raise RuntimeError("scripted failure")

@@ -134,6 +134,64 @@ def test_the_key_and_the_limits_hold(keyed, client):
     assert caught.value.status_code == 413 and "--max-questions" in caught.value.message
 
 
+class Case(BaseModel):
+    kind: Literal["ticket"]  # the official client sends this as a one-value enum / const
+    team: Team
+
+
+class Constant(BaseModel):
+    kind: Literal["ticket"]
+    version: Literal[2]
+
+
+def test_a_literal_field_is_filled_without_inference(client, model):
+    completion = client.chat.completions.parse(model=model.name, messages=MESSAGES, response_format=Case)
+    case = completion.choices[0].message.parsed
+    assert case.kind == "ticket" and case.team in Team
+    assert completion.model_extra["x_laya"]["probabilities"]["kind"] == {"ticket": 1.0}
+    assert case.model_dump(mode="json") == model.decide(conversation_state(), Case)
+    only = client.chat.completions.parse(model=model.name, messages=MESSAGES, response_format=Constant)
+    assert only.choices[0].message.parsed == Constant(kind="ticket", version=2)
+    assert only.usage.prompt_tokens == 0 and only.model == model.name  # nothing was read
+
+
+def test_the_openai_client_lists_the_models(client, model):
+    listed = client.models.list()
+    names = [m.id for m in listed.data]
+    assert names[0] == model.name and "jev-latest" in names
+    assert all(m.object == "model" and m.owned_by == "laya" and m.created > 0 for m in listed.data)
+
+
+def test_a_missing_key_is_a_401_for_openai_clients(keyed):
+    """OpenAI's clients read 401 as an authentication error (a 403 would be 'permission denied')."""
+    wrong = openai.OpenAI(base_url=keyed.url + "/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    for path, method in (("/v1/chat/completions", httpx.post), ("/v1/models", httpx.get)):
+        r = method(keyed.url + path, timeout=30)  # no Authorization header at all
+        assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}, path
+        assert "missing API key" in r.json()["error"]["message"]
+
+
+def test_the_doors_refusals_are_in_openais_shape_on_its_route(model):
+    """The door's 429 and the drain's 503 are written before any route runs: on the chat route they
+    carry OpenAI's error shape (its clients raise RateLimitError / InternalServerError with the message)."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(lambda: [EncoderEngine(model)], ServerConfig(max_concurrency=1, shed_hold_ms=0))
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        while c.get("/ready").status_code != 200:
+            pass
+        app.state.admission.inside = 1  # the door is full
+        shed = c.post("/v1/chat/completions", json={"messages": MESSAGES})
+        assert shed.status_code == 429 and shed.json()["error"]["type"] == "overloaded_error"
+        assert "detail" in c.post("/v1/systemone", json={"state": "x", "questions": {"u": URGENT}}).json()
+        app.state.admission.inside = 0
+        app.state.context.served.begin_drain()
+        drained = c.post("/v1/chat/completions", json={"messages": MESSAGES})
+        assert drained.status_code == 503 and "shutting down" in drained.json()["error"]["message"]
+
+
 def post(server, body):
     return httpx.post(server.url + "/v1/systemone", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
 

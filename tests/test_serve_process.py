@@ -58,8 +58,9 @@ def test_workers_serve_with_a_key_file_and_an_engine_process_each(checkpoint_dir
         assert httpx.post(url + "/v1/systemone", json=body).status_code == 403
         r = httpx.post(url + "/v1/systemone", json=body, headers={"authorization": "Bearer s3cret"})
         assert r.status_code == 200 and r.json()["model"] == "enc"
-        health = httpx.get(url + "/health").json()
-        assert health["models"]["enc"]["process"] > 0  # the model runs in its own process
+        assert httpx.get(url + "/health").json() == {"status": "ok"}  # without the key: a status word
+        health = httpx.get(url + "/health", headers={"authorization": "Bearer s3cret"}).json()
+        assert health["models"]["enc"]["instance"]  # the model runs in its own process
         # the key is in no process's command line or environment
         for pid in _descendants(server.pid):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -52,7 +52,7 @@ def probabilities(answer: dict) -> np.ndarray:
 
 def test_every_golden_case_through_the_engine_process(server):
     health = httpx.get(server + "/health", timeout=10).json()
-    assert all(m["process"] for m in health["models"].values())  # engines in processes of their own
+    assert all(m["instance"] for m in health["models"].values())  # engines in processes of their own
     answered = 0
     with httpx.Client(base_url=server, timeout=60) as client:
         for case in RECORD["cases"]:

@@ -227,7 +227,10 @@ def test_auth(keyed, caplog):
     assert wrong.status_code == 401 and wrong.json()["detail"]["error_type"] == "authentication_error"
     assert right.status_code == 200
     assert KEY not in caplog.text
-    assert httpx.get(keyed.url + "/v1/models").status_code == 403
+    # /v1/models is OpenAI's route too: 401 for a missing key, with both clients' error shapes
+    listed = httpx.get(keyed.url + "/v1/models")
+    assert listed.status_code == 401 and listed.headers["www-authenticate"].startswith("Bearer")
+    assert listed.json()["detail"]["error_type"] == listed.json()["error"]["type"] == "authentication_error"
     assert httpx.get(keyed.url + "/health").status_code == 200
 
 

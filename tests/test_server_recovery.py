@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import signal
 import sys
@@ -65,10 +66,37 @@ def two_models():
     remote.close()
 
 
+def test_a_hung_engine_process_is_killed_and_restarted(two_models_hang):
+    """An engine process stuck in a forward pass is alive: only its silence tells. The watchdog kills it
+    once it has been silent with work for longer than its measured speed allows; /ready says so while it
+    restarts, and the model answers again."""
+    live, remote = two_models_hang
+    assert post(live.url).status_code == 200  # measured: a row takes milliseconds
+    began = time.monotonic()
+    stuck = post(live.url, {"state": "hang", "questions": {"u": URGENT}})
+    # sent once more to the new process, which hangs on it too: a 503 naming the hang, within the bounds
+    assert stuck.status_code == 503 and "answered nothing" in stuck.json()["detail"]["message"], stuck.text
+    assert time.monotonic() - began < 20
+    wait_until(lambda: ready(live.url), 20.0)
+    assert post(live.url).status_code == 200
+    status = httpx.get(live.url + "/health").json()["models"]["remote"]["status"]
+    assert status["restarts"] >= 1 and "answered nothing" in status["last_death"]["reason"]
+    assert remote.hung(remote._link) == ""  # the new process is not silent
+
+
+@pytest.fixture
+def two_models_hang():
+    remote = scripted_remote(policy=RestartPolicy(backoff_s=(0.1, 0.2, 0.4), max_deaths=5, window_s=60.0,
+                                                  hang_min_s=1.0))
+    with LiveServer(create_app(lambda: [remote, ScriptedEngine("local")], ServerConfig(max_wait_ms=1))) as live:
+        yield live, remote
+    remote.close()
+
+
 def test_a_killed_engine_process_is_unready_at_once_answers_503_and_comes_back(two_models):
     live, remote = two_models
     assert post(live.url).status_code == 200
-    old = remote.pid
+    old, old_instance = remote.pid, httpx.get(live.url + "/health").json()["models"]["remote"]["instance"]
     os.kill(old, signal.SIGKILL)
     # unready at once: the pipe's end tells, no request has to fail first
     body = wait_until(lambda: (r := httpx.get(live.url + "/ready")).status_code == 503 and r.json(), 2.0)
@@ -85,8 +113,9 @@ def test_a_killed_engine_process_is_unready_at_once_answers_503_and_comes_back(t
     assert r.status_code == 200 and r.json()["answers"]["u"]["noul"] == 0.5
     health = httpx.get(live.url + "/health").json()
     status = health["models"]["remote"]["status"]
-    assert status["state"] == "ready" and status["restarts"] == 1 and status["process"] != old
-    assert status["last_death"]["pid"] == old and "SIGKILL" in status["last_death"]["reason"]
+    assert status["state"] == "ready" and status["restarts"] == 1 and status["instance"] != old_instance
+    assert status["last_death"]["instance"] == old_instance and "SIGKILL" in status["last_death"]["reason"]
+    assert str(old) not in json.dumps(health)  # named, never by its pid
     assert health["status"] == "ok" and health["ready"] is True
     assert metric(live.url, 'laya_engine_restarts_total{model="remote"}') == 1
     assert metric(live.url, 'laya_engine_up{model="remote"}') == 1

@@ -15,7 +15,8 @@ about every second (an agent harness otherwise sees a call that hangs without a 
 
 Transports: stdio (the default, what agent harnesses launch), or streamable HTTP (`--http`, bound
 to 127.0.0.1 unless told), where a configured key (`--api-key-file` or `LAYA_API_KEY`, as for
-`laya serve`) is required as `Authorization: Bearer <key>`, else 401.
+`laya serve`) is required as `Authorization: Bearer <key>`, else 401. In front of a running server
+(`--url`), that server's key comes from `--url-key-file` alone (laya.outbound).
 
 Test seam: `build_server` takes the load function, and the environment variable
 `LAYA_MCP_LOAD_DELAY_S` (seconds) makes the command's load sleep first, so tests can reach the
@@ -24,7 +25,6 @@ server while its model is still loading without a model that is slow to load.
 
 from __future__ import annotations
 
-import hmac
 import os
 import re
 import sys
@@ -41,7 +41,9 @@ from laya.api import ApiError, parse_systemone, question_error
 from laya.errors import LayaError, QuestionError
 from laya.jsonl import Line, api_failure, failure, local_answer, remote_answer, server_failure
 from laya.limits import Limits
+from laya.outbound import bearer, request_async
 from laya.plan import HEADROOM
+from laya.redaction import redact
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -208,14 +210,14 @@ class LocalBackend:
 
     async def models(self) -> list[dict[str, Any]]:
         loader, engine = self.loader, self.loader.engine
-        entry: dict[str, Any] = {"name": engine.name if engine is not None else None, "source": loader.source,
-                                 "state": loader.state}
+        entry: dict[str, Any] = {"name": engine.name if engine is not None else None,
+                                 "source": redact(str(loader.source)), "state": loader.state}
         if engine is not None:
             described = engine.describe()
             entry.update(engine=described.get("kind"), runtime=described.get("runtime"),
                          description=engine.description)
         elif loader.error:
-            entry["error"] = loader.error
+            entry["error"] = redact(loader.error)
         else:
             entry["loading_s"] = round(time.monotonic() - loader.started, 1)
         return [entry]
@@ -246,11 +248,11 @@ class RemoteBackend:
         import httpx
 
         _parsed(body, self.limits, plan=True)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            async with httpx.AsyncClient(base_url=self.url.rstrip("/"), headers=headers, timeout=60) as client:
-                r = await client.post("/v1/systemone/plan", json=body)
-        except httpx.HTTPError as exc:
+            async with httpx.AsyncClient(base_url=self.url.rstrip("/"), headers=bearer(self.api_key),
+                                         timeout=60) as client:
+                r = await request_async(client, "POST", "/v1/systemone/plan", json=body)
+        except (httpx.HTTPError, LayaError) as exc:
             raise ToolError(f"unreachable: {self.url} cannot be reached: {exc}") from exc
         if r.status_code != 200:
             _raise_failure(server_failure(r))
@@ -259,12 +261,12 @@ class RemoteBackend:
     async def models(self) -> list[dict[str, Any]]:
         import httpx
 
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            async with httpx.AsyncClient(base_url=self.url.rstrip("/"), headers=headers, timeout=10) as client:
-                listed = await client.get("/v1/models")
-                ready = await client.get("/ready")
-        except httpx.HTTPError as exc:
+            async with httpx.AsyncClient(base_url=self.url.rstrip("/"), headers=bearer(self.api_key),
+                                         timeout=10) as client:
+                listed = await request_async(client, "GET", "/v1/models")
+                ready = await request_async(client, "GET", "/ready")
+        except (httpx.HTTPError, LayaError) as exc:
             raise ToolError(f"unreachable: {self.url} cannot be reached: {exc}") from exc
         if listed.status_code != 200:
             raise ToolError(f"{self.url}/v1/models answered {listed.status_code}: {listed.text[:300]}")
@@ -474,14 +476,13 @@ class BearerAuth:
     otherwise, compared in constant time); lifespan events pass through to the SDK's app."""
 
     def __init__(self, app: Any, api_key: str | None) -> None:
-        self.app, self.key = app, api_key.encode() if api_key else None
+        self.app, self.key = app, api_key or None
 
     def allowed(self, scope: dict[str, Any]) -> bool:
-        if self.key is None:
-            return True
+        from laya.server.state import key_given
+
         header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        return key_given(header.decode("latin-1"), self.key)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not self.allowed(scope):
@@ -506,14 +507,14 @@ def serve_http(server: MCPServer, host: str, port: int, api_key: str | None) -> 
 
 
 def run(*, load: Callable[[], Any] | None, source: str | None, url: str | None, api_key: str | None,
-        http: bool = False, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+        url_key: str | None = None, http: bool = False, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
         limits: Limits | None = None) -> None:
     """`laya mcp`: a server over a model loaded here (`load`, started in the background now) or over a
-    running `laya serve` (`url`), on stdio or HTTP."""
+    running `laya serve` (`url`, sent `url_key`), on stdio or HTTP (behind `api_key`)."""
     limits = limits or Limits()
     backend: Backend
     if url is not None:
-        backend = RemoteBackend(url, api_key, limits)
+        backend = RemoteBackend(url, url_key, limits)
     else:
         assert load is not None
         loader = Loader(delayed(load), source or "the model")

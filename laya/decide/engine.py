@@ -12,6 +12,7 @@ from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.plan import HEADROOM, report
 from laya.questions import Question, Questions
+from laya.redaction import redact
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
@@ -108,5 +109,5 @@ class DecideEngine(InProcessEngine):
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend
         return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf", "device": "cpu",
-                "source": self.model.source, "prefix_cache": self.model.decider.cache.policy,
+                "source": redact(str(self.model.source)), "prefix_cache": self.model.decider.cache.policy,
                 "readout": self.model.readout, **backend.describe()}

@@ -14,6 +14,7 @@ from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.plan import HEADROOM, report
 from laya.questions import Questions
+from laya.redaction import redact
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
@@ -65,7 +66,7 @@ class EncoderEngine(InProcessEngine):
         choice = self.model.choice
         gate = getattr(self.model.runtime, "gate", None)
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
-                "device": "cpu", "source": self.model.checkpoint.source, "max_len": self.model.max_len,
+                "device": "cpu", "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",

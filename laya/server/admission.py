@@ -26,7 +26,18 @@ from collections.abc import Callable
 from laya.server.request_ids import REQUEST_ID_RAW, given_or_new
 
 log = logging.getLogger("laya.server")
-SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions"})
+SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions"})
+OPENAI_ROUTES = frozenset({"/v1/chat/completions"})
+PLAN_ROUTE = "/v1/systemone/plan"
+PLAN_SHARE = 8  # plans may hold at most 1/8 of the door (at least one)
+
+
+def refusal_body(path: str, kind: str, message: bytes) -> bytes:
+    """A door refusal's body, in the shape the route's clients read: OpenAI's `{"error": ...}` on the
+    OpenAI routes, System One's `{"detail": ...}` elsewhere (the message holds no quote or backslash)."""
+    if path in OPENAI_ROUTES:
+        return b'{"error": {"message": "%s", "type": "%s", "param": null, "code": null}}' % (message, kind.encode())
+    return b'{"detail": {"error_type": "%s", "message": "%s"}}' % (kind.encode(), message)
 
 
 class Admission:
@@ -39,6 +50,8 @@ class Admission:
         self.max_queue_s = max_queue_s
         self.rows_per_request = 1.0  # running mean of the rows a request brings (updated at admission)
         self.hold_s = hold_s
+        self.plans_inside = 0
+        self.plan_limit = max(1, limit // PLAN_SHARE)
         self.last_seen = 0.0  # monotonic time a request last came in or left
         self.shed_total = 0
         self._shed_since_log = 0
@@ -54,33 +67,37 @@ class Admission:
     def note_rows(self, rows: int) -> None:
         self.rows_per_request += 0.05 * (rows - self.rows_per_request)
 
-    def try_enter(self, budget_s: float = float("inf")) -> bool:
+    def try_enter(self, budget_s: float = float("inf"), plan: bool = False) -> bool:
         """Let a request in unless the server is full or it could not be answered within `budget_s`
-        (its deadline) behind the work inside; a request alone is always let in."""
-        if self.inside >= self.limit:
+        (its deadline) behind the work inside; a request alone is always let in. Plans (no forward pass,
+        but tokenising and building rows on the same cores) have a share of their own, `plan_limit`:
+        a flood of them meets 429 while decisions keep the rest of the door."""
+        if self.inside >= self.limit or (plan and self.plans_inside >= self.plan_limit):
             return False
-        if self.inside and (self.queued_s() > self.max_queue_s or self.queued_s(extra=1) > budget_s):
+        if not plan and self.inside and (self.queued_s() > self.max_queue_s or self.queued_s(extra=1) > budget_s):
             return False
         self.inside += 1
+        self.plans_inside += plan
         self.last_seen = time.monotonic()
         return True
 
-    def leave(self) -> None:
+    def leave(self, plan: bool = False) -> None:
         self.inside -= 1
+        self.plans_inside -= plan
         self.last_seen = time.monotonic()
 
-    async def refuse_draining(self, send, request_id: bytes | None) -> None:
+    async def refuse_draining(self, send, request_id: bytes | None, path: str = "") -> None:
         """Answer 503 at the door while the server stops; the client closes and goes elsewhere."""
         self.last_seen = time.monotonic()
-        body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is shutting down; '
-                b'retry after 1 s (on another instance)"}}')
+        body = refusal_body(path, "overloaded_error", b"the server is shutting down; retry after 1 s (on another "
+                                                      b"instance)")
         rid = given_or_new(request_id)
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                                 (b"retry-after", b"1"), (b"connection", b"close"), (REQUEST_ID_RAW, rid)]})
         await send({"type": "http.response.body", "body": body})
 
-    async def shed(self, send, request_id: bytes | None) -> None:
+    async def shed(self, send, request_id: bytes | None, path: str = "") -> None:
         """Answer 429 at the door."""
         self.shed_total += 1
         self._shed_since_log += 1
@@ -92,8 +109,8 @@ class Admission:
         wait = self.retry_after()
         if self.hold_s > 0:
             await asyncio.sleep(min(self.hold_s, wait))
-        body = (b'{"detail": {"error_type": "overloaded_error", "message": "the server is at its limit (%d '
-                b'requests at once, or its queue budget); retry after %d s"}}' % (self.limit, wait))
+        body = refusal_body(path, "overloaded_error", b"the server is at its limit (%d requests at once, or its "
+                                                      b"queue budget); retry after %d s" % (self.limit, wait))
         rid = given_or_new(request_id)
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),

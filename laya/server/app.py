@@ -20,18 +20,18 @@ from laya.api import ApiError
 from laya.engine import Engine
 from laya.errors import LayaError
 from laya.server import heap, openai, routes
-from laya.server.admission import SHED_ROUTES, Admission
+from laya.server.admission import PLAN_ROUTE, SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
 from laya.server.call import Call, Reply, headers_of
 from laya.server.metrics import Books, Metrics
 from laya.server.request_ids import CLIENT_ID_CHARS, REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
 from laya.server.routes import Context
-from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout
+from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, key_given, request_timeout
 
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
-ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/models", "/health", "/ready",
-          "/metrics", "/"}
+ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions", "/v1/models",
+          "/health", "/ready", "/metrics", "/"}
 # The decision routes, called straight from `RequestContext` (which `LayaApp` puts in front of
 # FastAPI) instead of through FastAPI's and Starlette's layers of middleware, routing and endpoint
 # wrapping (error, telemetry and body-limit middleware, exception handlers, exit stacks, the router,
@@ -40,10 +40,11 @@ ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/chat/completions", "/v1/m
 # request and response objects. FastAPI still registers them, for the OpenAPI document and for every
 # other method or a mounted prefix on these paths.
 DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch,
-          ("POST", "/v1/chat/completions"): openai.chat_completions}
+          ("POST", PLAN_ROUTE): routes.systemone_plan, ("POST", "/v1/chat/completions"): openai.chat_completions}
 
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+DOCS = frozenset({"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
 
 
 def host_name(host: str) -> str:
@@ -109,15 +110,15 @@ class RequestContext:
             budget, _ = request_timeout(raw.decode("latin-1") if raw is not None else None, self.config)
             if self.served.draining:  # stopping: refused at once, the connection closed after the answer
                 self.metrics.request(scope["path"], 503, 0.0)
-                return await self.admission.refuse_draining(send, raw_request_id(scope))
-            if not self.admission.try_enter(budget):  # at the door: no body read, no parsing, no log line
-                self.metrics.shed(scope["path"])
-                return await self.admission.shed(send, raw_request_id(scope))
+                return await self.admission.refuse_draining(send, raw_request_id(scope), scope["path"])
+            if not self.admission.try_enter(budget, plan=scope["path"] == PLAN_ROUTE):  # at the door: no body
+                self.metrics.shed(scope["path"])  # read, no parsing, no log line
+                return await self.admission.shed(send, raw_request_id(scope), scope["path"])
             scope.setdefault("state", {})["deadline"] = began + budget
             try:
                 return await self._handle(scope, receive, send)
             finally:
-                self.admission.leave()
+                self.admission.leave(plan=scope["path"] == PLAN_ROUTE)
         return await self._handle(scope, receive, send)
 
     async def _handle(self, scope, receive, send):
@@ -139,6 +140,11 @@ class RequestContext:
                 except ApiError as exc:
                     reply = Reply.error(exc)
                 await self._reply(send, reply, rid, status)
+            elif scope["path"] in DOCS and not self.config.public_docs \
+                    and not key_given(headers.get("authorization"), self.config.api_key):
+                body = {"detail": {"error_type": "authentication_error", "message": "the API documents need the "
+                                   "key: send 'Authorization: Bearer <key>' (or serve with --public-docs)"}}
+                await self._reply(send, Reply(body, 401, {"WWW-Authenticate": 'Bearer realm="laya"'}), rid, status)
             else:
                 await self.app(scope, receive, self._with_id(send, rid, status))
         except Exception:

@@ -24,8 +24,9 @@ from typing import Any
 from laya.api import MAX_ERROR_TEXT, ApiError, SystemOneRequest, check_size, parse_systemone
 from laya.errors import QuestionError
 from laya.server.call import Call, Reply
-from laya.structured import Field, apply_gate, check_min_confidence, details, plan_schema, project, questions_of
+from laya.structured import Field, check_min_confidence, details, plan_schema, questions_of
 from laya.structured.gate import Threshold
+from laya.structured.values import settle
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 1024
@@ -38,7 +39,7 @@ class ChatRequest:
     model: str | None
     schema_name: str
     fields: list[Field]
-    request: SystemOneRequest
+    request: SystemOneRequest | None  # None: every field has one possible value (nothing to read)
     min_confidence: Threshold | None
 
 
@@ -112,12 +113,15 @@ def parse_chat(body: Any, limits: Any) -> ChatRequest:
         raise refusal(400, str(exc), "response_format.json_schema.schema"
                       if exc.error_type == "invalid_schema" else "x_min_confidence") from exc
     state = conversation(body.get("messages"))
-    inner = {"state": state, "questions": questions_of(fields)}
-    try:
-        check_size(inner, False, limits)
-        request = parse_systemone(inner, limits=limits)
-    except ApiError as exc:
-        raise refusal(exc.status, _first_message(exc.detail), "response_format.json_schema.schema") from exc
+    asked = questions_of([f for f in fields if not f.certain])  # a const or one-value enum is filled, not asked
+    request = None
+    if asked:
+        inner = {"state": state, "questions": asked}
+        try:
+            check_size(inner, False, limits)
+            request = parse_systemone(inner, limits=limits)
+        except ApiError as exc:
+            raise refusal(exc.status, _first_message(exc.detail), "response_format.json_schema.schema") from exc
     return ChatRequest(model, name[:64], fields, request, threshold)
 
 
@@ -144,15 +148,18 @@ async def chat_completions(request: Call) -> Reply:
     """A chat completion answered by deciding its response_format's schema from the conversation."""
     ctx = request.app.state.context
     try:
-        ctx.check_auth(request)
+        ctx.check_auth(request, missing=401)
         chat = await ctx.read_body(request, lambda body: body, lambda body: parse_chat(body, ctx.config.limits))
-        name, (result,) = await ctx.answer_as(request, chat.model, [chat.request.state], chat.request.questions)
+        if chat.request is not None:
+            name, (result,) = await ctx.answer_as(request, chat.model, [chat.request.state], chat.request.questions)
+            response, tokens = result.to_json(), result.input_tokens
+        else:  # every field has one possible value: no forward pass
+            name, tokens = ctx.resolve(chat.model), 0
+            response = {"model": name, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
     except ApiError as exc:
         failed = as_openai_error(exc)
         return Reply({"error": failed.detail}, failed.status, failed.headers)
-    response = result.to_json()
-    apply_gate([response], chat.min_confidence)
-    values = project(response["answers"], chat.fields)
+    values = settle(response, chat.fields, chat.min_confidence)
     decided = details(values, response)
     created = int(time.time())
     body = {
@@ -160,10 +167,11 @@ async def chat_completions(request: Call) -> Reply:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(values, ensure_ascii=False),
                                              "refusal": None},
                      "finish_reason": "stop", "logprobs": None}],
-        "usage": {"prompt_tokens": result.input_tokens, "completion_tokens": 0, "total_tokens": result.input_tokens},
+        "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
         "x_laya": {"schema": chat.schema_name, "probabilities": decided.probabilities,
                    "confidence": decided.confidence, "answer_confidence": decided.answer_confidence,
                    "answers": decided.answers,
-                   **{k: response[k] for k in ("x_usage", "x_routed_to", "x_route_reason") if k in response}},
+                   **{k: response[k] for k in ("x_usage", "x_routed_to", "x_route_reason", "x_precision")
+                      if k in response}},
     }
     return Reply(body)

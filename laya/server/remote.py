@@ -43,8 +43,10 @@ import math
 import multiprocessing
 import os
 import queue
+import secrets
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -75,6 +77,10 @@ class EngineDied(RemoteFailure):
     """The engine process ended while a call was waiting on it."""
 
 
+HANG_CHECK_S = 0.5  # how often the watchdog looks for a hung engine process
+DEFAULT_ROW_S = 0.1  # the seconds a row is allowed before the first reply is measured
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)  # before the 1st, 2nd, ... restart in a window
@@ -82,6 +88,10 @@ class RestartPolicy:
     window_s: float = 60.0
     start_timeout_s: float = 600.0  # a new process must load and warm up within this
     retry_wait_s: float = 60.0  # longest a job caught by a death waits for the new process (and its deadline)
+    # A process with work outstanding that answers nothing for longer than `hang_factor` times what its
+    # measured speed needs for that work (and at least `hang_min_s`) is hung: killed and restarted.
+    hang_min_s: float = 10.0
+    hang_factor: float = 10.0
 
 
 def _now_iso() -> str:
@@ -107,9 +117,14 @@ class _Link:
     def __init__(self, process: Any, conn: Any, generation: int, on_exit: Any, board: Any,
                  loop: asyncio.AbstractEventLoop):
         self.process, self.generation, self.board = process, generation, board
+        self.instance = secrets.token_hex(4)  # names this start of the process in answers (never its pid)
         self.waiting: dict[int, Future | asyncio.Future] = {}
         self.lock = threading.Lock()
         self.alive = True
+        self.sent: dict[int, tuple[int, float]] = {}  # request id -> its rows and when it was sent
+        self.last_heard = time.monotonic()  # the process's last reply
+        self.hung = ""  # why the watchdog killed it, if it did
+        self.on_speed: Any = None  # called with the seconds a row took, as replies come
         self._ids = itertools.count(1)
         self._on_exit = on_exit
         self.known: OrderedDict[tuple, int] = OrderedDict()  # (questions, limits) it holds -> slot
@@ -135,6 +150,19 @@ class _Link:
     def forget(self, rid: int) -> None:
         with self.lock:
             self.waiting.pop(rid, None)
+            self.sent.pop(rid, None)
+
+    def sending(self, rid: int, rows: int) -> None:
+        with self.lock:
+            if not self.sent:  # idle until now: silence counts from here
+                self.last_heard = time.monotonic()
+            self.sent[rid] = (rows, time.monotonic())
+
+    def busy(self) -> tuple[int, float]:
+        """The rows of work outstanding, and how long the process has been silent with work."""
+        with self.lock:
+            rows = sum(r for r, _ in self.sent.values())
+            return rows, (time.monotonic() - self.last_heard) if rows else 0.0
 
     def send_run(self, rid: int, job: RemoteJob) -> None:
         """Send `job` as request `rid`. From the pipe's loop its questions and limits go as a slot number
@@ -144,6 +172,7 @@ class _Link:
         in the order the pipe carries them, and only once the message is written."""
         if not self.alive:
             raise EngineDied("the engine process is gone")
+        self.sending(rid, max(1, job.n_rows))
         questions = job.questions
         if not isinstance(questions, list) or not on_loop(self.pipe.loop):  # sent whole
             self.pipe.send(("run", rid, job.payload((None, questions, job.limits))))
@@ -168,8 +197,13 @@ class _Link:
     def _message(self, message: Any) -> None:
         """A reply, on the pipe's loop."""
         kind, rid, payload = message
+        now = time.monotonic()
         with self.lock:
             future = self.waiting.pop(rid, None)
+            sent = self.sent.pop(rid, None)
+            self.last_heard = now
+        if sent is not None and self.on_speed is not None:
+            self.on_speed((now - sent[1]) / sent[0])
         if future is None:  # its caller went away
             return
         if kind == "ok":
@@ -185,7 +219,7 @@ class _Link:
 
     def _bury(self) -> None:
         self.process.join(2)
-        reason = _exit_reason(self.process.exitcode)
+        reason = self.hung or _exit_reason(self.process.exitcode)
         self._on_exit(self, reason)  # unready (and restarting) before a waiting caller retries
         with self.lock:
             waiting, self.waiting = list(self.waiting.values()), {}
@@ -311,6 +345,7 @@ class RemoteEngine:
         self.state, self.reason, self.since = "starting", "", _now_iso()
         self.last_death: dict[str, Any] | None = None
         self._restart_at = 0.0  # monotonic time the pending restart starts
+        self._row_s: deque[float] = deque([DEFAULT_ROW_S], maxlen=64)  # seconds a row took, lately
         self._loop = own_loop()  # where replies are read until the server serves it on its own
         self._restarts: queue.SimpleQueue[float | None] = queue.SimpleQueue()  # delays, None to stop
         began = time.monotonic()
@@ -323,6 +358,7 @@ class RemoteEngine:
         # engine process restarted from the loop's side ran at the loop's priority for good (an unprivileged
         # process cannot raise it again).
         threading.Thread(target=self._restarter, name="laya-restarter", daemon=True).start()
+        threading.Thread(target=self._watchdog, name="laya-watchdog", daemon=True).start()
         self._set_state("ready", "")
 
     # the process
@@ -348,7 +384,9 @@ class RemoteEngine:
             raise payload if isinstance(payload, BaseException) else RemoteFailure(str(payload))
         with self._lock:
             loop = self._loop
-        return _Link(process, conn, next(self._generation), self._on_exit, board, loop), payload
+        link = _Link(process, conn, next(self._generation), self._on_exit, board, loop)
+        link.on_speed = self._row_s.append
+        return link, payload
 
     def _set_state(self, state: str, reason: str) -> None:
         self.state, self.reason, self.since = state, reason, _now_iso()
@@ -363,7 +401,7 @@ class RemoteEngine:
             self._deaths.append(now)
             while self._deaths and now - self._deaths[0] > self.policy.window_s:
                 self._deaths.popleft()
-            self.last_death = {"at": _now_iso(), "reason": reason, "pid": link.process.pid}
+            self.last_death = {"at": _now_iso(), "reason": reason, "instance": link.instance}
             why = f"the engine process of {self.name} died: {reason}"
             if len(self._deaths) >= self.policy.max_deaths:
                 self._set_state("down", f"{why}; it died {len(self._deaths)} times within "
@@ -379,6 +417,28 @@ class RemoteEngine:
     def _restarter(self) -> None:
         while (delay := self._restarts.get()) is not None:
             self._restart(delay)
+
+    def _watchdog(self) -> None:
+        """Death is told by the pipe's end; a hang is not: an engine process stuck in a forward pass or a
+        native call stays alive with its work outstanding. Checked every `HANG_CHECK_S`."""
+        while not self._closing:
+            time.sleep(HANG_CHECK_S)
+            with self._lock:
+                link = self._link
+            if link.alive and not link.hung and (why := self.hung(link)):
+                link.hung = why
+                log.error("the engine process of %s is hung (%s): killing it to restart it", self.name, why)
+                with contextlib.suppress(OSError):
+                    link.process.kill()
+
+    def hung(self, link: _Link) -> str:
+        """Why `link`'s process counts as hung now, or "" (its silence within what its speed allows)."""
+        rows, silent = link.busy()
+        bound = max(self.policy.hang_min_s, self.policy.hang_factor * rows * max(self._row_s))
+        if rows and silent > bound:
+            return (f"it answered nothing for {silent:.1f} s with {rows} rows of work, over the {bound:.1f} s its "
+                    "measured speed allows")
+        return ""
 
     def _restart(self, delay: float) -> None:
         time.sleep(delay)
@@ -487,6 +547,7 @@ class RemoteEngine:
         rid = 0
         try:
             rid, future = link.expect()
+            link.sending(rid, 1)
             link.send("plan", rid, (states, questions, limits, options))
             return future.result(timeout=PLAN_TIMEOUT_S)
         except EngineDied:
@@ -503,7 +564,7 @@ class RemoteEngine:
     def status(self) -> dict[str, Any]:
         """For /health and /ready: up or not, why and since when, how often it came back."""
         out: dict[str, Any] = {"state": self.state, "since": self.since, "restarts": self.restarts,
-                               "process": self._link.process.pid}
+                               "instance": self._link.instance}
         if self.reason:
             out["reason"] = self.reason
         if self.state == "restarting":
@@ -513,7 +574,9 @@ class RemoteEngine:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {**self._describe, "process": self._link.process.pid}
+        """The engine's own description, and which start of its process answers (a random name, new at
+        each restart): an operator's handle on a restart, where a pid would be one on the host."""
+        return {**self._describe, "instance": self._link.instance}
 
     def close(self) -> None:
         with self._lock:
@@ -527,10 +590,22 @@ class RemoteEngine:
         return self._link.process.pid
 
 
+def name_this_process(name: str) -> None:
+    """The name `ps -o comm` and /proc/PID/comm show for this process (Linux; 15 bytes): an engine
+    process says which model it serves, since the server's answers carry no pid."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0)  # PR_SET_NAME
+
+
 def _serve_engine(conn, load, batching: Batching, board) -> None:
     """The engine process: load, warm up, then serve `run` and `plan` until the pipe closes."""
     try:
         engine = load()
+        name_this_process(f"laya:{engine.name}")
         dedicate_this_thread()  # this thread runs the forward passes, and reads and prepares only between them
         engine.warmup()
         heap.freeze_loaded()  # this process lives for its engine: nothing is thawed

@@ -9,7 +9,6 @@ a typed `SystemOneRequest`), `resolve` (the model), `answer` (admission in rows,
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.plan import HEADROOM, merged
 from laya.questions import Question
+from laya.redaction import redact, redacted
 from laya.response import SystemOneResponse
 from laya.router import AUTO, by_role, roles_of
 from laya.schema import chat_schema, request_schema
@@ -43,7 +43,7 @@ from laya.server.body import check_media_type, check_tree, decode, decoded_withi
 from laya.server.call import Call, Reply, endpoint
 from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
-from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
+from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, key_given, request_timeout, timeout_error
 
 STATIC = Path(__file__).parent / "static"
 # A body of at most this many bytes (decoded) is parsed, validated and prepared on the event loop:
@@ -72,16 +72,17 @@ class Context:
         rates = [b.drain.rows_per_s for b in self.served.batchers.values() if b.drain.rows_per_s]
         return min(rates) if rates else None
 
-    def check_auth(self, request: Call | Request) -> None:
-        if not self.config.api_key:
-            return
-        header = request.headers.get("authorization")
-        if not header:
-            raise usage_error(403, "authentication_error", "missing API key: send 'Authorization: Bearer <key>'")
-        scheme, _, token = header.partition(" ")
-        key = self.config.api_key.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+    def check_auth(self, request: Call | Request, missing: int = 403) -> None:
+        """The key, when the server has one. A missing key is a 403 in System One's contract; the
+        OpenAI routes pass `missing=401`, what OpenAI's clients expect for both cases."""
+        if not self.authorized(request):
+            if not request.headers.get("authorization"):
+                raise usage_error(missing, "authentication_error",
+                                  "missing API key: send 'Authorization: Bearer <key>'")
             raise usage_error(401, "authentication_error", "invalid API key")
+
+    def authorized(self, request: Call | Request) -> bool:
+        return key_given(request.headers.get("authorization"), self.config.api_key)
 
     def resolve(self, name: str | None) -> str:
         if not self.served.ready:
@@ -255,25 +256,24 @@ class Context:
         request.state.log.update(model=AUTO)
         return AUTO, out  # type: ignore[return-value]
 
-    async def plan(self, name: str, states: list[Any], questions: list[Question], options: dict[str, Any]
-                   ) -> dict[str, Any]:
-        """One served model's plan of the request, prepared on a worker thread (or in its engine process).
-        Its rows are admitted as a request's are while it is prepared: a flood of plans meets the
-        same 429 as a flood of requests, rather than the CPU the forward passes need."""
-        engine, batcher = self.served.engines[name], self.served.batchers[name]
-        rows = len(states) * len(questions)
+    async def plan(self, request: Call, name: str, states: list[Any], questions: list[Question],
+                   options: dict[str, Any]) -> dict[str, Any]:
+        """One served model's plan of the request, prepared on a worker thread (or in its engine process)
+        within the request's deadline. A plan runs no forward pass, so it takes nothing from the rows
+        decisions queue for: the door bounds plans in flight (a share of its own) instead."""
+        engine = self.served.engines[name]
+        deadline, budget = self.deadline_of(request)
+        request.state.log.update(model=name, questions=len(questions), states=len(states), plan=True)
         try:
-            batcher.reserve(rows)
-        except Overloaded as exc:
-            raise self.overloaded(str(exc), exc.retry_after) from exc
-        try:
-            out = await run_in_threadpool(engine.plan, states, questions, limits=self.config.limits, **options)
+            out = await asyncio.wait_for(run_in_threadpool(engine.plan, states, questions, limits=self.config.limits,
+                                                           **options), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            request.state.log.update(timed_out=True)
+            raise timeout_error(budget, self.config) from None
         except Unavailable as exc:
             raise self.unavailable(name, exc) from exc
         except QuestionError as exc:
             raise question_error(exc) from exc
-        finally:
-            batcher.release(rows)
         out["model"] = name
         return out
 
@@ -286,7 +286,7 @@ class Context:
         plans = []
         for role, idx in by_role(routes):
             name = roles[role]
-            one = await self.plan(name, [states[i] for i in idx], questions, options)
+            one = await self.plan(request, name, [states[i] for i in idx], questions, options)
             plans.append(one)
             for i, entry in zip(idx, one["states"]):
                 out_states[i] = {**entry, "routed_to": name, "route_reason": routes[i].reason}
@@ -380,16 +380,23 @@ async def systemone_plan(request: Call) -> Reply:
     if req.model == AUTO and AUTO not in ctx.served.engines:
         return Reply(await ctx.plan_auto(request, states, req.questions, req.lang, options))
     name = ctx.resolve(req.model)
-    return Reply(await ctx.plan(name, states, req.questions, options))
+    return Reply(await ctx.plan(request, name, states, req.questions, options))
 
 
 async def models(request: Request):
-    """Served models and the jev aliases, in Jev's shape."""
+    """Served models and the jev aliases, in Jev's shape (`models`) and OpenAI's (`object`, `data`) in one
+    body, so `client.models.list()` of OpenAI's SDK lists what a System One client lists."""
     ctx: Context = request.app.state.context
-    ctx.check_auth(request)
+    try:
+        ctx.check_auth(request, missing=401)
+    except ApiError as exc:
+        return JSONResponse({**error_body(exc.detail), "error": {"message": exc.detail["message"],
+                                                                 "type": exc.detail["error_type"], "param": None,
+                                                                 "code": "invalid_api_key"}},
+                            status_code=exc.status, headers={"WWW-Authenticate": 'Bearer realm="laya"'})
     out = []
     for n, e in ctx.served.engines.items():
-        entry = {"name": n, "description": e.description, "release_date": e.release_date or "2026-01-01"}
+        entry = {"name": n, "description": redact(e.description), "release_date": e.release_date or "2026-01-01"}
         described = e.describe()
         entry |= {f"x_{key}": described[key] for key in ("runtime", "precision") if key in described}
         if (readout := described.get("readout")) is not None:  # a GGUF's readout profile
@@ -404,19 +411,24 @@ async def models(request: Request):
         out.append({"name": AUTO, "description": f"each state to {roles['english']} or {roles['multilingual']} by "
                                                  "its script and language",
                     "release_date": ctx.served.engines[roles["multilingual"]].release_date or "2026-01-01"})
-    return {"models": out}
+    created = int(ctx.served.started_at)
+    return {"models": out, "object": "list",
+            "data": [{"id": m["name"], "object": "model", "created": created, "owned_by": "laya"} for m in out]}
 
 
 async def health(request: Request):
-    """Liveness, what is loaded, on which runtime and device."""
+    """Liveness: a status word for anyone; with the key (or with none configured) what is loaded, on
+    which runtime and device, by names and digests (laya.redaction)."""
     ctx: Context = request.app.state.context
     unready = ctx.served.unready()
     status = "draining" if ctx.served.draining else "degraded" if unready or ctx.served.load_errors else "ok"
-    return {"status": status, "ready": ctx.served.ready and not unready and not ctx.served.draining,
-            "default": ctx.served.default,
-            "models": {n: {**e.describe(), "status": e.status()} for n, e in ctx.served.engines.items()},
-            "queue_rows": {n: b.pending_rows for n, b in ctx.served.batchers.items()},
-            "load_errors": ctx.served.load_errors}
+    if not ctx.authorized(request):
+        return {"status": status}
+    return redacted({"status": status, "ready": ctx.served.ready and not unready and not ctx.served.draining,
+                     "default": ctx.served.default,
+                     "models": {n: {**e.describe(), "status": e.status()} for n, e in ctx.served.engines.items()},
+                     "queue_rows": {n: b.pending_rows for n, b in ctx.served.batchers.items()},
+                     "load_errors": ctx.served.load_errors})
 
 
 async def ready(request: Request):
@@ -437,11 +449,13 @@ async def ready(request: Request):
     if ctx.served.load_errors:
         body["load_errors"] = ctx.served.load_errors
     retry = max([1] + [st.get("retry_after_s", 1) for st in unready.values()])
-    return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
+    return JSONResponse(redacted(body), status_code=503, headers={"Retry-After": str(retry)})
 
 
 async def prometheus(request: Request):
     ctx: Context = request.app.state.context
+    if not ctx.config.public_metrics:
+        ctx.check_auth(request, missing=401)
     ctx.books.flush()
     return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 

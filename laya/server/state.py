@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import time
@@ -37,6 +38,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     # With no API key on a loopback bind, only loopback Host names are served (no DNS rebinding).
     loopback_only: bool = True
+    # With an API key: /metrics, and the docs with the OpenAPI document, answer without it only if public
+    public_metrics: bool = False
+    public_docs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # rebuilt from JSON in worker processes
@@ -53,6 +57,7 @@ class Served:
     ready: bool = False
     load_errors: list[str] = field(default_factory=list)
     draining_since: float | None = None  # monotonic time SIGTERM/SIGINT began the drain
+    started_at: float = field(default_factory=time.time)  # when the server started (OpenAI's model `created`)
 
     @property
     def draining(self) -> bool:
@@ -71,6 +76,15 @@ class Served:
             if status.get("state") != "ready":
                 out[name] = status
         return out
+
+
+def key_given(authorization: str | None, api_key: str | None) -> bool:
+    """Whether a request may pass a server's key: none configured, or `Authorization: Bearer <key>`
+    carrying it (compared in constant time)."""
+    if not api_key:
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 def request_timeout(raw: str | None, config: ServerConfig) -> tuple[float, str | None]:

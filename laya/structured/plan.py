@@ -99,6 +99,9 @@ def _plan(path: str, name: str, prop: Any, root: dict[str, Any], seen: tuple[str
             return _plan(path, name, {**wrapped[0], **{k: v for k, v in prop.items() if k != "allOf"}}, root, seen)
         union = prop.get("anyOf") or prop.get("oneOf")
         if union is not None:
+            if not isinstance(union, list):
+                key = "anyOf" if prop.get("anyOf") else "oneOf"
+                raise SchemaError(f"{path}: '{key}' must be an array of schemas, got {type(union).__name__}", qid=name)
             branches = [b for b in union if isinstance(b, dict) and b.get("type") != "null"]
             if len(branches) != 1:
                 raise SchemaError(f"{path}: only 'Optional[...]' unions (one non-null branch) are supported, "
