@@ -41,6 +41,14 @@ def _read_arg(value: str, what: str) -> str:
         raise UsageError(f"{what}: cannot read {path}: {exc}") from exc
 
 
+def _is_file(value: str) -> bool:
+    """Whether `value` names a readable file (a name too long or malformed for the file system is not one)."""
+    try:
+        return Path(value).expanduser().is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _json_arg(value: str, what: str) -> Any:
     text = _read_arg(value, what)
     try:
@@ -204,7 +212,7 @@ def _remote_plan(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, An
 
 def cmd_decide(args: argparse.Namespace) -> int:
     value = args.schema
-    if not value.startswith("@") and not value.lstrip().startswith("{") and Path(value).expanduser().is_file():
+    if not value.startswith("@") and not value.lstrip().startswith("{") and _is_file(value):
         value = "@" + value
     schema = _json_arg(value, "--schema")
     state = _state_arg(args.state, args.state_json)
@@ -682,7 +690,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     load = None if args.model is None else (lambda: _engine(args))
     run(load=load, source=args.model, url=args.url, api_key=api_key, url_key=url_key, http=args.http,
         host=args.host, **({"port": args.port} if args.port is not None else {}))
-    return 0
+    # The client went away; the engine is closed. A model still loading in the background (an export or a
+    # compile in flight, with native threads of its own) must not be torn down by the interpreter's exit:
+    # C++ destroys joinable threads with std::terminate ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def positive_float(text: str) -> float:

@@ -25,6 +25,31 @@ def render_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
+SURROGATE_MSG = "a string holds a lone surrogate (an unpaired \\ud800-\\udfff code point): it is no text"
+
+
+def unencodable(value: Any) -> tuple | None:
+    """Where in `value` (a string, or JSON of them) a string or key holds a lone surrogate, which no
+    text encoding carries (a tokenizer refuses it): its location, or None. JSON parsed by the server is
+    checked on its bytes already; a library caller, an MCP tool or a JSONL line hands Python strings."""
+    stack: list[tuple[tuple, Any]] = [((), value)]
+    while stack:
+        loc, item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return loc
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append(((*loc, key), key))
+                stack.append(((*loc, key), child))
+        elif isinstance(item, list | tuple):
+            stack.extend(((*loc, i), child) for i, child in enumerate(item))
+    return None
+
+
 def serialize_state(state: Any) -> str:
     return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
 
@@ -208,8 +233,8 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
     description, or a list of option names), 2-10 score levels as a list, noul criteria with only
     'true'/'false'; every text (instructions, descriptions, levels) a string, object or array."""
     loc: tuple = ("questions", qid)
-    if not isinstance(qid, str) or not qid:
-        problems.append(Problem(loc, "question ids must be non-empty strings", "value_error"))
+    if not isinstance(qid, str) or not qid or unencodable(qid) is not None:
+        problems.append(Problem(("questions",), "question ids must be non-empty strings of text", "value_error"))
         return None
     if not isinstance(spec, dict):
         problems.append(Problem(loc, "Input should be a valid dictionary (a question definition)", "dict_type"))
@@ -217,6 +242,9 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
     if "type" not in spec:
         problems.append(Problem((*loc, "type"), "Field required: the question's type (noul, choice or score)",
                                 "missing"))
+        return None
+    if (where := unencodable(spec)) is not None:
+        problems.append(Problem((*loc, *where), SURROGATE_MSG, "string_type"))
         return None
     qtype = spec["type"]
     if qtype not in QTYPES:
@@ -324,6 +352,8 @@ def state_problem(state: Any, loc: tuple = ("state",)) -> Problem | None:
         return Problem(loc, "state must not be null; pass text, an object or a list", "missing")
     if not _is_text(state):
         return Problem(loc, f"{TEXT_MSG} (the state), got {type(state).__name__}", "text_type")
+    if (where := unencodable(state)) is not None:
+        return Problem((*loc, *where), SURROGATE_MSG, "string_type")
     return None
 
 

@@ -7,6 +7,7 @@ a process start and a model load cost seconds, the assertions nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -425,3 +426,24 @@ def test_a_gguf_answers_as_its_decide_engine_does(gguf_run, gguf_path):
     assert planned["states"][0]["decisions"] >= 3 and planned["states"][0]["context"] >= 2048
     for key in ("empty_options", "option_type", "missing_state"):
         assert gguf_run[key].is_error and INVALID[key][2] in gguf_run[key].content[0].text
+
+
+def test_a_client_closing_during_a_compile_ends_the_process_cleanly(checkpoint_dir, tmp_path):
+    """The client goes away while the model still compiles (native threads of its own in flight): the
+    process exits 0, not with C++'s "terminate called without an active exception" (SIGABRT)."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "noul", "arguments": NOUL}}
+    process = subprocess.Popen([*MCP, "-m", str(checkpoint_dir), "--runtime", "packed"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=child_env(LAYA_CACHE=str(tmp_path / "fresh-cache")))
+    assert process.stdin is not None
+    for message in (initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call):
+        process.stdin.write((json.dumps(message) + "\n").encode())
+    process.stdin.flush()
+    time.sleep(4)  # the compile takes tens of seconds: it is in flight now
+    process.stdin.close()
+    process.wait(timeout=120)
+    err = process.stderr.read()
+    assert process.returncode == 0, err.decode()[-2000:]
+    assert b"terminate called" not in err

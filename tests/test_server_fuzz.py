@@ -1,5 +1,6 @@
-"""Malformed requests never get a 5xx: 10,000 generated bodies (requests, garbage bytes, batches)
-against the real app, every error body small."""
+"""Malformed requests never get a 5xx, on any route that takes a body: generated bodies (requests, garbage
+bytes, batches, plans, chat completions with schemas of every shape) against the real app, every error
+body small."""
 
 from __future__ import annotations
 
@@ -8,30 +9,12 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from generators import batch, chat, chat_schema, request, values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from laya.encoder.engine import EncoderEngine
 from laya.server.app import create_app
-
-# lone surrogates and huge integers are what JSON can carry and text cannot: they must be 4xx too
-surrogates = st.sampled_from(["\ud800", "a\udfff", "\udbff\ud800x"])
-scalars = (st.none() | st.booleans() | st.integers(-5, 300) | st.integers(min_value=10**70, max_value=10**80)
-           | st.floats(allow_nan=False) | st.text(max_size=12) | surrogates)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                          max_size=4), max_leaves=12)
-texts = st.text(max_size=40) | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)
-criteria = (st.dictionaries(st.text(max_size=10), st.none() | texts | values, max_size=8)
-            | st.lists(st.text(max_size=10) | values, max_size=12) | values)
-question = st.fixed_dictionaries(
-    {"type": st.sampled_from(["choice", "score", "noul", "box", "", "CHOICE"]) | values},
-    optional={"instructions": texts | values, "criteria": criteria, "labels": values},
-)
-request = st.fixed_dictionaries(
-    {},
-    optional={"state": texts | values | st.lists(texts, max_size=3), "model": st.none() | st.text(max_size=12) | values,
-              "questions": st.dictionaries(st.text(max_size=8), question | values, max_size=4) | values},
-)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +50,33 @@ def test_no_5xx_for_garbage_bytes(client, raw, encoding):
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=st.fixed_dictionaries({"states": st.lists(texts | values, max_size=3) | values}, optional={
-    "questions": st.dictionaries(st.text(max_size=8), question, max_size=3)}))
+@given(body=batch)
 def test_no_5xx_for_batch_bodies(client, body):
     check(client.post("/v1/systemone/batch", content=json.dumps(body), headers={"content-type": "application/json"}))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=request | batch | values)
+def test_no_5xx_for_plan_bodies(client, body):
+    check(client.post("/v1/systemone/plan", content=json.dumps(body), headers={"content-type": "application/json"}))
+
+
+def check_chat(r) -> None:
+    check(r)
+    if r.status_code >= 400:  # OpenAI's error shape, which its clients read
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text[:500]
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=chat | values)
+def test_no_5xx_for_chat_completion_bodies(client, body):
+    check_chat(client.post("/v1/chat/completions", content=json.dumps(body),
+                           headers={"content-type": "application/json"}))
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=chat_schema)
+def test_no_5xx_for_schemas_of_every_shape_on_the_chat_route(client, body):
+    """A valid completion but for its schema: every branch of the schema walk, with wrong values."""
+    check_chat(client.post("/v1/chat/completions", content=json.dumps(body),
+                           headers={"content-type": "application/json"}))

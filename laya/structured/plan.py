@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from laya.errors import QuestionError
+from laya.questions import SURROGATE_MSG, unencodable
 
 MAX_PROPERTIES = 32
 MAX_ENUM = 32
@@ -71,6 +72,8 @@ def plan_schema(schema: Any) -> list[Field]:
     root = schema_of(schema)
     if not isinstance(root, dict):
         raise SchemaError(f"expected a JSON schema object, got {type(root).__name__}")
+    if (where := unencodable(root)) is not None:
+        raise SchemaError(f"{'.'.join(map(str, where)) or 'the schema'}: {SURROGATE_MSG}")
     if root.get("type") not in (None, "object") or "properties" not in root:
         raise SchemaError("the top level must be an object with 'properties'")
     properties = root["properties"]
