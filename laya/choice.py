@@ -246,7 +246,7 @@ def candidates(checkpoint: Checkpoint, machine: Cpu | None = None, exact: bool =
             out.append(Candidate(ROUTED, {}, ROUTED_WHY))
         if _installed("mlx"):
             out.append(Candidate("mlx", {"precision": "fp16"}, "Apple silicon: MLX fp16 on the GPU"))
-    if machine.bf16_units and _installed("torch") and not exact:
+    if machine.bf16_units and _installed("torch"):
         out.append(Candidate("packed", {"precision": "bf16"},
                              f"this CPU has bf16 units ({machine.bf16_units}) and packed bf16 stayed within the "
                              "precision standard on this checkpoint"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import os
 import shutil
 import subprocess
@@ -221,7 +222,92 @@ MUTANTS = [
            "every type falls back to the choice temperature"),
     Mutant("temps-unclamped-buckets", TEMPS, "by_bucket={str(k): clamp(v) for k, v in by_bucket.items()}",
            "by_bucket={str(k): float(v) for k, v in by_bucket.items()}", TEMP_TESTS, "bucket values not clamped"),
+    # --- structured output, the chat route, plan and the door ---
+    Mutant("schema-union-unchecked", "laya/structured/plan.py", "            if not isinstance(union, list):",
+           "            if False:", ("tests/test_structured.py",), "a non-array anyOf/oneOf reaches the walk (a 500)"),
+    Mutant("schema-surrogates", "laya/structured/plan.py", "    if (where := unencodable(root)) is not None:",
+           "    if False:", ("tests/test_structured.py",), "a schema's lone surrogate reaches the answer's JSON"),
+    Mutant("values-noul-strict", "laya/structured/values.py", '_rounded(answer.get("noul", 0.0)) >= 0.5',
+           '_rounded(answer.get("noul", 0.0)) > 0.5', ("tests/test_structured.py",),
+           "a yes/no of exactly 0.5 projects to False (upstream: True)"),
+    Mutant("chat-asks-certain-fields", "laya/server/openai.py",
+           "asked = questions_of([f for f in fields if not f.certain])", "asked = questions_of(fields)",
+           ("tests/test_caller_http.py::test_a_literal_field_is_filled_without_inference",),
+           "a const / one-value enum field is asked as a one-option choice (a 422)"),
+    Mutant("plans-unbounded", ADMISSION, "        if plan and (self.plans_inside >= self.plan_limit\n",
+           "        if False and (self.plans_inside >= self.plan_limit\n", ("tests/test_admission.py",),
+           "a flood of plans takes the whole door and the cores"),
+    Mutant("surrogate-state", "laya/questions.py",
+           "    if (where := unencodable(state)) is not None:\n        return Problem(",
+           "    if False:\n        return Problem(", ("tests/test_questions.py",),
+           "a state with a lone surrogate reaches the tokenizer (a TypeError)"),
+    # --- keys, answers about the host, supervision ---
+    Mutant("key-over-plain-http", "laya/outbound.py",
+           'if key and parts.scheme == "http" and not is_loopback(parts.hostname):', "if False:",
+           ("tests/test_outbound.py",), "a key is sent in clear to another machine"),
+    Mutant("answer-uncapped", "laya/outbound.py",
+           "        for chunk in r.iter_bytes():\n            content += chunk\n            if len(content) > cap:",
+           "        for chunk in r.iter_bytes():\n            content += chunk\n            if False:",
+           ("tests/test_outbound.py",), "a server's answer is read whole, past the cap"),
+    Mutant("eval-one-key-for-all", "laya/cli.py", "        for spec in specs:\n            out[spec] = key",
+           "        for spec in urls.values():\n            out[spec] = key", ("tests/test_outbound.py",),
+           "laya eval sends a URL's key to every URL method"),
+    Mutant("health-shows-pids", "laya/redaction.py", "if k not in PRIVATE_KEYS", "if True",
+           ("tests/test_redaction.py",), "a pid or a path field leaves the server"),
+    Mutant("paths-left-in-text", "laya/redaction.py", "    return _PATH.sub(lambda m: last(m.group(0)), text)",
+           "    return text", ("tests/test_redaction.py",),
+           "an absolute path inside an error message leaves the server"),
+    Mutant("hang-unseen", REMOTE, "        if rows and silent > bound:", "        if False:",
+           ("tests/test_server_recovery.py::test_a_hung_engine_process_is_killed_and_restarted",),
+           "an engine process stuck in a forward pass is never restarted"),
+    Mutant("health-open-with-key", "laya/server/routes.py",
+           "    if not ctx.authorized(request):\n        return {\"status\"",
+           "    if False:\n        return {\"status\"",
+           ("tests/test_server.py::test_a_key_guards_what_it_should",),
+           "with a key, /health tells anyone what is loaded"),
+    Mutant("mcp-key-ignored", "laya/agents/mcp.py", '        return key_given(header.decode("latin-1"), self.key)',
+           "        return True", ("tests/test_mcp.py",), "MCP over HTTP answers without its key"),
+    # --- the precision standard, the packed runtime, auto ---
+    Mutant("gate-batch-ignored", "laya/gate.py", "and batch_dp <= bounds.batch_dependence_max_dp)", ")",
+           ("tests/test_precision_gates.py::test_batch_dependence_is_measured",),
+           "an answer that moves with its batch company passes the gate"),
+    Mutant("gate-one-plan", "laya/encoder/runtimes/packed.py", "FP32_LAYER_TIERS = (0, 1)", "FP32_LAYER_TIERS = (0,)",
+           ("tests/test_auto.py::test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes",),
+           "the gate gives up before keeping the first encoder layer in fp32"),
+    Mutant("packed-batches-rows", "laya/encoder/runtimes/packed.py",
+           "        for i in range(batch.size):\n            n, k = int(lengths[i]), int(counts[i])",
+           "        if batch.size > 1:\n            lengths = lengths * 0 + int(lengths.max())\n"
+           "        for i in range(batch.size):\n            n, k = int(lengths[i]), int(counts[i])",
+           ("tests/test_auto.py::test_a_row_answers_the_same_alone_and_in_any_batch",),
+           "a row in company is computed with its batch's padding"),
+    Mutant("rownet-local-unmasked", "laya/encoder/runtimes/rownet.py",
+           "attn_mask=global_mask if is_global else local_mask)", "attn_mask=global_mask)",
+           ("tests/test_parity.py::test_against_reference[packed-fp32-checkpoint_dir]",),
+           "local layers attend over the whole row"),
+    Mutant("auto-ties-to-candidate", "laya/choice.py", "if ratios[label] < ratios[winner]:",
+           "if ratios[label] <= ratios[winner]:",
+           ("tests/test_auto_measures.py::test_a_candidate_wins_only_if_faster_than_torch_fp32",),
+           "a tie goes to the candidate, not the reference"),
+    Mutant("auto-exact-takes-bf16", "laya/choice.py",
+           'if key not in seen and (not exact or c.options.get("precision", "fp32") in EXACT):',
+           "if key not in seen:", ("tests/test_auto.py::test_the_rule_in_order",),
+           "precision='fp32' still lets auto choose bf16"),
+    # --- windows, routing, lenses, profiles, GGUF ---
+    Mutant("windows-last-missed", "laya/encoder/windows.py", "        if i + size >= n_tokens:",
+           "        if i + size >= n_tokens - 1:", ("tests/test_caller_golden.py",),
+           "a long state's last window stops one token short"),
+    Mutant("lens-settles-early", "laya/encoder/lens.py", "        at = i + 1\n    return at",
+           "        at = i\n    return at",
+           ("tests/test_eval.py",), "the lens names the layer before the one answers settle at"),
+    Mutant("routing-english-default", "laya/routing/decision.py", "    return primary in ENGLISH_CODES",
+           "    return True", ("tests/test_routing.py",), "every Latin-script state routed to the English model"),
 ]
+# A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
+# in docs/mutants.json.
+CI = ("rows-no-cut", "admission-alone-shed", "body-gzip-uncapped", "temps-bucket-3-5", "schema-union-unchecked",
+      "values-noul-strict", "plans-unbounded", "surrogate-state", "key-over-plain-http", "answer-uncapped",
+      "health-shows-pids", "gate-batch-ignored", "auto-exact-takes-bf16")
+RECORD = ROOT / "docs" / "mutants.json"
 
 
 def plant(copy: Path, mutant: Mutant) -> None:
@@ -273,13 +359,18 @@ def main() -> int:
     parser.add_argument("--tests", nargs="+", metavar="NODE", help="run these tests for every chosen mutant instead")
     parser.add_argument("--root", type=Path, default=ROOT,
                         help="the folder the test paths are read from (e.g. a copy holding older tests); default: here")
+    parser.add_argument("--ci", action="store_true", help="the fixed fast subset CI runs (no baseline)")
+    parser.add_argument("--record", action="store_true", help=f"write the verdicts to {RECORD.relative_to(ROOT)}")
     args = parser.parse_args()
+    if args.ci:
+        args.names, args.no_baseline = list(CI), True
     chosen = [m for m in MUTANTS if not args.names or any(fnmatch.fnmatch(m.name, p) for p in args.names)]
     if args.list or not chosen:
         for m in chosen or MUTANTS:
             print(f"{m.name:28} {m.file:34} {m.what}\n{'':28} tests: {' '.join(m.tests)}")
         return 0 if chosen else 2
     survived = 0
+    verdicts: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="laya-mutants-") as tmp:
         if not args.no_baseline:
             tests = tuple(args.tests or dict.fromkeys(t for m in chosen for t in m.tests))
@@ -292,11 +383,18 @@ def main() -> int:
             copy = fresh_copy(Path(tmp), m.name)
             plant(copy, m)
             code, seconds, tail = run_tests(copy, tuple(args.tests or m.tests), stop=not args.all_red, root=args.root)
-            verdict = "caught" if code in (1, -1) else "survived" if code == 0 else f"error({code})"
+            # a timeout is no catch: a mutant that makes a test hang is a bug the suite does not name
+            verdict = "caught" if code == 1 else "timeout" if code == -1 else "survived" if code == 0 \
+                else f"error({code})"
             survived += verdict != "caught"
+            verdicts[m.name] = verdict
             print(f"{m.name:28} {verdict:9} {seconds:6.1f}s  {tail}", flush=True)
             shutil.rmtree(copy)
     print(f"{len(chosen) - survived} of {len(chosen)} mutants caught")
+    if args.record:
+        record = {"command": "python scripts/mutants.py --record", "date": time.strftime("%Y-%m-%d"),
+                  "caught": len(chosen) - survived, "mutants": len(chosen), "verdicts": verdicts}
+        RECORD.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return 1 if survived else 0
 
 

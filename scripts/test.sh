@@ -22,9 +22,17 @@ main=0
 # Exit code 5 means the arguments selected no test, which is fine in either half.
 mlx=0
 with_mlx_blas env OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -m mlx "$@" || mlx=$?
-for status in "$main" "$mlx"; do
+# A fixed, fast subset of the planted bugs (scripts/mutants.py --ci): each must turn its tests red. Run
+# with the whole suite (CI), not when the arguments pick some tests.
+mutants=0
+picked=0
+for arg in "$@"; do case "$arg" in -*) ;; *) picked=1 ;; esac; done
+if [ "$picked" -eq 0 ]; then
+    .venv/bin/python scripts/mutants.py --ci || mutants=$?
+fi
+for status in "$main" "$mlx" "$mutants"; do
     if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
-        echo "test: failed (main half exit $main, MLX half exit $mlx)" >&2
+        echo "test: failed (main half exit $main, MLX half exit $mlx, mutants exit $mutants)" >&2
         exit "$status"
     fi
 done

@@ -224,3 +224,40 @@ def test_the_door_echoes_a_long_client_id_cut_as_every_answer_does(refuse):
 
     asyncio.run(getattr(door(), refuse)(send, b"r" * 300))
     assert dict(sent[0]["headers"])[b"x-typesafe-request-id"] == b"r" * 128
+
+
+def test_plans_hold_a_share_of_the_door_of_their_own():
+    adm = door(rate=None, limit=16)
+    assert adm.plan_limit == 2
+    assert adm.try_enter(plan=True) and adm.try_enter(plan=True)
+    assert not adm.try_enter(plan=True)  # the plans' share is full
+    assert all(adm.try_enter() for _ in range(14)) and not adm.try_enter()  # decisions keep the rest
+    adm.leave(plan=True)
+    assert adm.plans_inside == 1 and adm.try_enter(plan=True)  # its place in the share is free again
+    assert not adm.try_enter(plan=True) and not adm.try_enter()  # the share and the door are full
+
+
+def test_a_flood_of_large_plans_meets_429_while_decisions_keep_going(model):
+    """Twelve clients planning large requests as fast as they can beside two steady decision clients:
+    the plans meet 429 at the door, no decision does, and the decisions keep answering."""
+    from live_server import SteadyLoad
+
+    from laya.encoder.engine import EncoderEngine
+
+    app = create_app(lambda: [EncoderEngine(model)], ServerConfig(max_concurrency=8))  # sheds held 1 s
+    decision = {"state": "refund please", "questions": {"u": URGENT}}
+    plan = {"states": ["refund " * 200] * 16, "questions": {f"q{i}": URGENT for i in range(8)}}
+    with LiveServer(app) as live:
+        with SteadyLoad(live.url, decision, clients=2, max_wait_s=0.05) as alone:
+            import time
+
+            time.sleep(2.0)
+        with SteadyLoad(live.url, plan, clients=12, max_wait_s=0.05, path="/v1/systemone/plan") as plans, \
+                SteadyLoad(live.url, decision, clients=2, max_wait_s=0.05) as beside:
+            time.sleep(4.0)
+    assert {o[1] for o in alone.outcomes} == {200}
+    assert {o[1] for o in beside.outcomes} == {200}, sorted({str(o[1]) for o in beside.outcomes})
+    statuses = [o[1] for o in plans.outcomes]
+    assert statuses.count(429) > 0 and statuses.count(200) > 0, sorted(set(map(str, statuses)))
+    rate_alone, rate_beside = len(alone.outcomes) / 2.0, len(beside.outcomes) / 4.0
+    assert rate_beside >= 0.25 * rate_alone, (rate_alone, rate_beside)

@@ -14,11 +14,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import load_quiet
 
 from laya.encoder.windows import Scan
 from laya.errors import QuestionError
 from laya.structured import plan_schema
-from tests.conftest import load_quiet
 
 GOLDEN = Path(__file__).parent / "golden"
 RECORD = json.loads((GOLDEN / "caller.json").read_text(encoding="utf-8"))

@@ -351,7 +351,7 @@ def url_run(served) -> dict[str, Any]:
     url, key = served
 
     async def scenario() -> dict[str, Any]:
-        async with Client(stdio("--url", url, "--api-key-file", str(key))) as client:
+        async with Client(stdio("--url", url, "--url-key-file", str(key))) as client:
             out = await session(client, CALLS)
         async with Client(stdio("--url", url)) as keyless:
             out["keyless"] = await keyless.call_tool("noul", NOUL)

@@ -33,8 +33,8 @@ class Recorder:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 recorder.seen.append(self.headers.get("Authorization"))
-                answers = {qid: ({"type": "noul", "noul": 0.7} if q["type"] == "noul" else
-                                 {"type": "choice", "choice": "billing", "probabilities": {"billing": 0.6, "sales": 0.4}})
+                choice = {"type": "choice", "choice": "billing", "probabilities": {"billing": 0.6, "sales": 0.4}}
+                answers = {qid: {"type": "noul", "noul": 0.7} if q["type"] == "noul" else choice
                            for qid, q in body["questions"].items()}
                 data = json.dumps({"model": "m", "answers": answers, "usage": {"input_tokens": 3, "output_tokens": 0},
                                    "x_padding": "x" * padding}).encode()

@@ -142,3 +142,14 @@ def test_a_remembered_question_set_is_the_one_asked_and_a_refused_one_is_never_r
     with pytest.raises(ApiError):  # the server's path refuses as the library does
         parse_systemone({"state": "s", "questions": {"s": {"type": "score", "criteria": ["low", 2]}}},
                         from_json=True)
+
+
+@pytest.mark.parametrize("state", ["a\ud800b", {"key\udfff": 1}, ["fine", {"x": ["\udbff"]}]])
+def test_a_state_with_a_lone_surrogate_is_refused_before_the_tokenizer(state):
+    """No text encoding carries a lone surrogate: JSON parsed by the server is checked on its bytes, but a
+    library caller, an MCP tool or a JSONL line hands Python strings."""
+    with pytest.raises(QuestionError, match="lone surrogate"):
+        check_state(state)
+    with pytest.raises(QuestionError, match="lone surrogate"):
+        parse_questions({"q": {"type": "choice", "criteria": {"a": None, "b": "x\ud800"}}})
+    check_state("an ordinary state, with ünïcödé and 😀")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from conftest import load_quiet
 from live_server import LiveServer
 
 import laya
@@ -14,7 +15,6 @@ from laya.errors import LayaError, QuestionError
 from laya.router import Router, roles_of
 from laya.routing import route
 from laya.server.app import ServerConfig, create_app
-from tests.conftest import load_quiet
 
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Urgent?"},
              "team": {"type": "choice", "instructions": "Which team?",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 
 import httpx
 import pytest
@@ -232,6 +233,33 @@ def test_auth(keyed, caplog):
     assert listed.status_code == 401 and listed.headers["www-authenticate"].startswith("Bearer")
     assert listed.json()["detail"]["error_type"] == listed.json()["error"]["type"] == "authentication_error"
     assert httpx.get(keyed.url + "/health").status_code == 200
+
+
+def test_a_key_guards_what_it_should(keyed, model):
+    """With a key: /ready and the demo page answer anyone, /health says only its status word; /metrics,
+    the docs and the OpenAPI document need the key (unless served public); no answer names a path or a pid."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(keyed.url + "/ready").status_code == 200 and httpx.get(keyed.url + "/").status_code == 200
+    assert httpx.get(keyed.url + "/health").json() == {"status": "ok"}
+    for path in ("/metrics", "/docs", "/redoc", "/openapi.json"):
+        refused = httpx.get(keyed.url + path)
+        assert refused.status_code == 401 and "key" in refused.text, path
+        assert httpx.get(keyed.url + path, headers=auth).status_code == 200, path
+    full = httpx.get(keyed.url + "/health", headers=auth).json()
+    assert full["models"][model.name]["runtime"] == "torch"
+    listed = httpx.get(keyed.url + "/v1/models", headers=auth).text
+    for text in (json.dumps(full), listed):
+        assert str(model.checkpoint.path) not in text and str(model.checkpoint.path.parent) not in text
+        assert f'"process": {os.getpid()}' not in text and '"pid"' not in text
+
+
+def test_metrics_and_docs_can_be_served_public(model):
+    config = ServerConfig(api_key=KEY, public_metrics=True, public_docs=True)
+    with LiveServer(create_app(lambda: [EncoderEngine(model)], config)) as live:
+        assert httpx.get(live.url + "/metrics").status_code == 200
+        assert httpx.get(live.url + "/openapi.json").status_code == 200
+        assert httpx.post(live.url + "/v1/systemone", json={"state": "x", "questions": {"u": URGENT}}).status_code \
+            == 403
 
 
 def test_official_sdk_with_zstd(keyed, model):

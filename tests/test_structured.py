@@ -4,6 +4,7 @@ bounds a hostile schema meets, the gate's vocabulary, the tie rule of the scan, 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Literal
@@ -16,6 +17,7 @@ from laya.errors import QuestionError
 from laya.response import Answer, SystemOneResponse
 from laya.structured import SchemaError, apply_gate, check_min_confidence, plan_schema
 from laya.structured.plan import MAX_REF_HOPS
+from laya.structured.values import project
 
 STATE = "I was charged twice for my subscription; please refund it today."
 
@@ -126,3 +128,20 @@ def test_laya_decide(checkpoint_dir, tmp_path, model):
                           "--schema", '{"properties": {"tags": {"type": "array"}}}', "-s", STATE],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.strip().endswith("arrays are not supported; ask one field per element")
+
+
+@pytest.mark.parametrize(("schema", "needle"), [
+    ({"properties": {"a": {"anyOf": 5}}}, "'anyOf' must be an array of schemas, got int"),
+    ({"properties": {"a": {"oneOf": True}}}, "'oneOf' must be an array of schemas, got bool"),
+    ({"properties": {"a": {"const": "\ud800"}}}, "properties.a.const: a string holds a lone surrogate"),
+    ({"properties": {"a\udfff": {"type": "boolean"}}}, "lone surrogate"),
+])
+def test_a_malformed_schema_is_refused_naming_the_property(schema, needle):
+    with pytest.raises(SchemaError, match=re.escape(needle)):
+        plan_schema(schema)
+
+
+def test_a_yes_no_of_one_half_is_yes_as_upstream_projects_it():
+    fields = plan_schema({"properties": {"u": {"type": "boolean"}}})
+    assert project({"u": {"type": "noul", "noul": 0.5}}, fields) == {"u": True}
+    assert project({"u": {"type": "noul", "noul": 0.49994}}, fields) == {"u": False}  # 0.4999 at 4 places

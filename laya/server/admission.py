@@ -30,6 +30,7 @@ SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/
 OPENAI_ROUTES = frozenset({"/v1/chat/completions"})
 PLAN_ROUTE = "/v1/systemone/plan"
 PLAN_SHARE = 8  # plans may hold at most 1/8 of the door (at least one)
+PLAN_IDLE_FACTOR = 9.0  # while decisions are inside, plans take at most 1 / (1 + this) of the time
 
 
 def refusal_body(path: str, kind: str, message: bytes) -> bytes:
@@ -52,6 +53,7 @@ class Admission:
         self.hold_s = hold_s
         self.plans_inside = 0
         self.plan_limit = max(1, limit // PLAN_SHARE)
+        self.plans_wait_until = 0.0  # monotonic time before which no plan enters while decisions are inside
         self.last_seen = 0.0  # monotonic time a request last came in or left
         self.shed_total = 0
         self._shed_since_log = 0
@@ -69,22 +71,34 @@ class Admission:
 
     def try_enter(self, budget_s: float = float("inf"), plan: bool = False) -> bool:
         """Let a request in unless the server is full or it could not be answered within `budget_s`
-        (its deadline) behind the work inside; a request alone is always let in. Plans (no forward pass,
-        but tokenising and building rows on the same cores) have a share of their own, `plan_limit`:
-        a flood of them meets 429 while decisions keep the rest of the door."""
-        if self.inside >= self.limit or (plan and self.plans_inside >= self.plan_limit):
+        (its deadline) behind the work inside; a request alone is always let in.
+
+        Plans run no forward pass but parse, tokenise and build rows on the same cores: each takes
+        milliseconds, and a flood of them would keep a core busy. So they have a share of the door of
+        their own (`plan_limit` at once) and, while decisions are inside, of the time: after a plan
+        that took t seconds the next waits `PLAN_IDLE_FACTOR` x t (plans at most a tenth of the time).
+        A flood of plans meets 429 while decisions keep the rest of the door and the cores."""
+        now = time.monotonic()
+        if self.inside >= self.limit:
+            return False
+        if plan and (self.plans_inside >= self.plan_limit
+                     or (self.inside > self.plans_inside and now < self.plans_wait_until)):
             return False
         if not plan and self.inside and (self.queued_s() > self.max_queue_s or self.queued_s(extra=1) > budget_s):
             return False
         self.inside += 1
         self.plans_inside += plan
-        self.last_seen = time.monotonic()
+        self.last_seen = now
         return True
 
-    def leave(self, plan: bool = False) -> None:
+    def leave(self, plan: bool = False, since: float | None = None) -> None:
+        """A request left; a plan that entered at `since` (monotonic) counts its time against the next."""
+        now = time.monotonic()
         self.inside -= 1
         self.plans_inside -= plan
-        self.last_seen = time.monotonic()
+        if plan and since is not None:
+            self.plans_wait_until = max(self.plans_wait_until, now + PLAN_IDLE_FACTOR * (now - since))
+        self.last_seen = now
 
     async def refuse_draining(self, send, request_id: bytes | None, path: str = "") -> None:
         """Answer 503 at the door while the server stops; the client closes and goes elsewhere."""

@@ -118,7 +118,7 @@ class RequestContext:
             try:
                 return await self._handle(scope, receive, send)
             finally:
-                self.admission.leave(plan=scope["path"] == PLAN_ROUTE)
+                self.admission.leave(plan=scope["path"] == PLAN_ROUTE, since=began)
         return await self._handle(scope, receive, send)
 
     async def _handle(self, scope, receive, send):
