@@ -72,7 +72,29 @@ def vs_upstream(record: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-RENDER = {"vs_upstream": vs_upstream}
+def llamacpp_mainline(record: dict[str, Any]) -> list[str]:
+    engines = list(record["scenarios"][0]["medians_ms"])
+    lines = [f"### Stock llama.cpp's laya server against laya, on the same GGUF ({record['shape']} shape)", "",
+             f"`{record['command']}` ({record['date']}; xllamacpp {record['versions']['xllamacpp']}, flash "
+             f"attention off; laya's llama runtime on llama-cpp-python {record['versions']['llama_cpp_python']})",
+             "", "| scenario | tokens | " + " | ".join(engines) + " |", "|---|---:|" + "---:|" * len(engines)]
+    for r in record["scenarios"]:
+        cells = []
+        for e in engines:
+            cell = f"{_ms(r['medians_ms'][e])} ms"
+            if e in r["speedup"]:
+                cell += f" (**x{r['speedup'][e]:.2f}**)"
+            cells.append(cell)
+        tokens = sorted(set(r["input_tokens"].values()))
+        lines.append(f"| {r['scenario']} | {' / '.join(f'{t:,}' for t in tokens)} | " + " | ".join(cells) + " |")
+    lines += ["", "Speed-ups are against stock llama.cpp on the same file (`laya auto`, laya's default runtime on "
+              "the checkpoint, against the f32 file)."]
+    for name, info in record["runtimes"].items():
+        lines.append(f"- `{name}`: {info['runtime']} {info['precision']}; {_gate(info.get('gate'))}")
+    return lines + [""]
+
+
+RENDER = {"vs_upstream": vs_upstream, "llamacpp_mainline": llamacpp_mainline}
 
 
 def render(records: list[dict[str, Any]]) -> str:

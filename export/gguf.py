@@ -1,9 +1,11 @@
-"""`laya export gguf`: a checkpoint's encoder as a GGUF file llama.cpp runs as `modern-bert`.
+"""The llama runtime's bundle: a checkpoint's encoder as a GGUF file llama.cpp runs as `modern-bert`.
 
-The bundle (kind `llama`, run by `runtime="llama"`) holds `encoder.gguf`, the decision head, scorer and
-act head in fp32 (`head.safetensors`, the checkpoint's own tensor names: the head runs on the client in
-numpy), the configs and tokenizer, and the manifest. The keys and tensors are what llama.cpp's
-`modern-bert` loader reads (docs/llama-encoder-findings.md has the facts, with the lines they come
+What users export and share is one self-contained file in llama.cpp's own laya format
+(`export/laya_gguf.py`, `laya export gguf`); this bundle is the llama runtime's working form of a
+checkpoint or of such a file (exported on first use into the cache). It holds `encoder.gguf`, the
+decision head, scorer and act head in fp32 (`head.safetensors`, the checkpoint's own tensor names: the
+head runs on the client in numpy), the configs and tokenizer, and the manifest. The keys and tensors
+are what llama.cpp's `modern-bert` loader reads (docs/llama-encoder-findings.md has the facts, with the lines they come
 from): no tokenizer inside (laya tokenises and passes ids), both RoPE bases written (llama.cpp's local
 one defaults to 10000, not the global one), the full window width (llama.cpp halves it itself), the
 local/global pattern as one flag per layer.
@@ -96,13 +98,10 @@ def check_expressible(checkpoint: Checkpoint, gguf_type: str) -> None:
                               + "; ".join(problems))
 
 
-def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, int]:
-    """The encoder as a GGUF file; returns how many tensors each GGML type holds."""
-    import gguf
-
-    check_expressible(checkpoint, gguf_type)
+def encoder_header(writer: Any, checkpoint: Checkpoint) -> None:
+    """The keys of an encoder-only GGUF (the llama runtime's working file): what llama.cpp's modern-bert
+    loader reads, no tokenizer (laya tokenises and passes ids)."""
     enc, cfg = checkpoint.encoder, checkpoint.config
-    writer = gguf.GGUFWriter(str(path), ARCH)
     a = ARCH
     writer.add_string("general.name", f"laya encoder {checkpoint.fingerprint[:16]}")
     writer.add_uint32(f"{a}.context_length", int(enc.raw.get("max_position_embeddings", 8192)))
@@ -124,6 +123,15 @@ def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, 
     writer.add_uint32(f"{a}.vocab_size", enc.vocab_size)
     writer.add_string("tokenizer.ggml.model", "none")  # laya tokenises; llama.cpp only sees ids
     writer.add_uint32("laya.max_len", cfg.max_len)
+
+
+def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, int]:
+    """The encoder as a GGUF file; returns how many tensors each GGML type holds."""
+    import gguf
+
+    check_expressible(checkpoint, gguf_type)
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    encoder_header(writer, checkpoint)
     counts: dict[str, int] = {}
     for name, source, quantisable in gguf_tensors(checkpoint):
         weight = np.ascontiguousarray(checkpoint.weights[source], dtype=np.float32)

@@ -79,6 +79,8 @@ def load(
         return router  # type: ignore[return-value]
     from laya.encoder.loading import build_runtime, load_model_checkpoint
 
+    if isinstance(model, str | os.PathLike) and os.fspath(model).lower().endswith(".gguf"):
+        model, runtime, name = _laya_gguf(model, runtime, name, runtime_options)
     checkpoint, default_name, bundle_kind = load_model_checkpoint(
         model, revision=revision, subfolder=subfolder, sha256=sha256, local_only=local_only
     )
@@ -107,6 +109,26 @@ def load(
     else:
         runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
     return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted, choice=choice)
+
+
+def _laya_gguf(path: str | os.PathLike, runtime: str | None, name: str | None, options: dict[str, Any]
+               ) -> tuple[str, str | None, str]:
+    """A laya decision GGUF (llama.cpp's laya format), unpacked once into the cache: by default the llama
+    runtime runs it in the file's own types; a runtime named otherwise runs its weights dequantized, and so
+    does the default where llama.cpp is not installed (a GGUF needs no compiler: `laya[torch,gguf]`)."""
+    import importlib.util
+    from pathlib import Path
+
+    from laya.encoder.gguf_file import is_laya_gguf, unpack
+
+    if not is_laya_gguf(path):
+        raise CheckpointError(f"{path}: not a laya decision GGUF (a chat GGUF is read by the decide engine: "
+                              "laya serve -m, laya predict -m, or laya.decide.llama.open_gguf)")
+    unpacked = unpack(path, Path(options.pop("cache_dir")) / "gguf" if options.get("cache_dir") else None)
+    name = name or Path(path).stem
+    if runtime == "llama" or (runtime in (None, "auto") and importlib.util.find_spec("llama_cpp") is not None):
+        return os.fspath(unpacked.bundle), None, name
+    return os.fspath(unpacked.checkpoint), runtime, name
 
 
 def load_router(english: str | os.PathLike | Model = "laya",

@@ -482,27 +482,30 @@ def cmd_export(args: argparse.Namespace) -> int:
         gate = manifest.get("gate")
         if gate:
             verdict = "PASSED" if gate["passed"] else "FAILED (the runtime refuses this bundle unless forced)"
-            print(f"int8 gate {verdict}: max |dp| {gate['max_dp']}, argmax agreement {gate['argmax_agreement']}, "
-                  f"batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} rows", file=sys.stderr)
+            from laya.gate import describe
+
+            print(f"int8 gate {verdict}: {describe(gate)}", file=sys.stderr)
         print(out)
         return 0
     if args.format == "gguf":
-        from laya.export.gguf import export_bundle as export_gguf
+        from laya.export.laya_gguf import export as export_gguf
+        from laya.gate import describe
 
         if args.int8 or args.precision or args.ane:
-            raise UsageError("--int8, --precision and --ane are for other bundles; a GGUF bundle takes --type "
-                             "f32, f16 or q8_0")
+            raise UsageError("--int8, --precision and --ane are for other bundles; a GGUF takes --type f32, f16 "
+                             "or q8_0")
+        if out.suffix != ".gguf":
+            raise UsageError(f"{out}: a GGUF is one file: name it *.gguf")
 
         def tell(message: str) -> None:
             print(f"export: {message}", file=sys.stderr, flush=True)
 
-        manifest = export_gguf(checkpoint, out, args.type or "f32", progress=tell)
-        gate = manifest.get("gate")
+        written = export_gguf(checkpoint, out, args.type or "f32", progress=tell)
+        gate = written.get("gate")
         if gate:
-            verdict = "PASSED" if gate["passed"] else "FAILED (the runtime refuses this bundle unless forced)"
-            print(f"{manifest['precision']} gate {verdict}: max |dp| {gate['max_dp']}, argmax agreement "
-                  f"{gate['argmax_agreement']}, batch dependence {gate['batch_dependence_max_dp']} on {gate['rows']} "
-                  f"rows (against {gate['reference']})", file=sys.stderr)
+            verdict = "PASSED" if gate["passed"] else "FAILED (laya refuses to run this file unless forced)"
+            print(f"{written['type']} gate {verdict}: {describe(gate)} (against {gate['reference']})",
+                  file=sys.stderr)
         print(out)
         return 0
     if args.type:
@@ -942,7 +945,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("format", choices=["onnx", "mlx", "coreml", "gguf"],
                      help="bundle format (gguf: the encoder for llama.cpp, run by -r llama)")
     exp.add_argument("model", help="checkpoint folder, registered name or Hub id")
-    exp.add_argument("out", help="output folder")
+    exp.add_argument("out", help="output folder (gguf: the output file, *.gguf)")
     exp.add_argument("--int8", action="store_true",
                      help="onnx: int8 encoder matmuls (per-token activations, layer 0 fp32), gated against fp32")
     exp.add_argument("--precision", choices=["fp16", "fp32"],

@@ -48,6 +48,9 @@ class AgentConfig:
     temperature: tuple[Any, Any, Any] = (1.0, 1.0, 1.0)
     temperature_by_options: dict[str, Any] = field(default_factory=dict)
     option_layout: str = "sequential"
+    # False for a model read from a GGUF without an act head (llama.cpp's laya format has none): its
+    # answers carry x_act_probability null with the reason, not a figure from zeros
+    act_head: bool = True
 
     @classmethod
     def from_dict(cls, data: Any, path: Path) -> AgentConfig:
@@ -90,6 +93,7 @@ class AgentConfig:
             temperature=tuple(temperature),
             temperature_by_options=dict(by_options),
             option_layout=layout,
+            act_head=data.get("x_act_head", True) is not False,
         )
 
 

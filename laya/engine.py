@@ -92,9 +92,15 @@ class InProcessEngine:
 
 def is_gguf(source: str) -> bool:
     """The rule: a `.gguf` file (`path.gguf`, or `path.gguf:READOUT` naming its readout profile) is a
-    chat model for the decide engine; anything else names a laya checkpoint (a folder, a bundle, a
-    registry name, a Hub repository) for the encoder engine."""
-    return split_readout(source)[0].lower().endswith(".gguf")
+    chat model for the decide engine, unless it is a laya decision model in llama.cpp's format
+    (`modern-bert.decision.type = "laya"`), which the encoder engine reads; anything else names a laya
+    checkpoint (a folder, a bundle, a registry name, a Hub repository) for the encoder engine."""
+    path, readout = split_readout(source)
+    if not path.lower().endswith(".gguf"):
+        return False
+    from laya.encoder.gguf_file import is_laya_gguf
+
+    return readout is not None or not is_laya_gguf(path)
 
 
 def split_readout(source: str) -> tuple[str, str | None]:

@@ -68,6 +68,8 @@ class GateFailed(RuntimeUnavailable):
 
 
 def describe(gate: dict[str, Any]) -> str:
+    if gate.get("measured") is False:
+        return str(gate.get("note", "no gate measured"))
     bounds = gate.get("bounds", {})
     return (f"max |dp| {gate['max_dp']:.4g} (bound {bounds.get('max_dp')}), largest fp32 margin of a flipped top "
             f"answer {gate.get('flipped_margin', float('nan')):.3g} (must stay under {bounds.get('flip_margin')}), "

@@ -301,6 +301,19 @@ MUTANTS = [
            ("tests/test_eval.py",), "the lens names the layer before the one answers settle at"),
     Mutant("routing-english-default", "laya/routing/decision.py", "    return primary in ENGLISH_CODES",
            "    return True", ("tests/test_routing.py",), "every Latin-script state routed to the English model"),
+    # --- llama.cpp's laya GGUF ---
+    Mutant("gguf-bucket-names", "export/laya_gguf.py", '"6-10": "6_10"', '"6-10": "6-10"',
+           ("tests/test_gguf_mainline.py::test_stock_llama_cpp_serves_what_laya_writes",),
+           "the 6-10 option temperature is written under a key llama.cpp never looks up"),
+    Mutant("gguf-rebuilt-never-prepends", "laya/encoder/gguf_file.py",
+           'tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")',
+           'tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")',
+           ("tests/test_gguf_mainline.py::test_a_file_without_lays_keys_answers_as_its_checkpoint",),
+           "an mmBERT tokenizer rebuilt from a plain file tokenizes otherwise than llama.cpp"),
+    Mutant("gguf-unclamped", "export/laya_gguf.py", 'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(t)',
+           'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(checkpoint.config.temperature_by_options.get(key, t))',
+           ("tests/test_gguf_mainline.py::test_what_laya_writes_is_a_laya_decision_gguf",),
+           "the bucket temperatures are written as stored, not clamped as upstream loads them"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

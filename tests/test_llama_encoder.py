@@ -207,16 +207,18 @@ def test_a_bundle_is_not_a_torch_checkpoint(bundles):
         laya.load(bundles / "f32", runtime="torch")
 
 
-def test_the_cli_exports_a_gguf_bundle_and_reports_its_gate(tmp_path, capsys):
+def test_the_cli_exports_one_gguf_and_reports_its_gate(tmp_path, capsys):
     from laya.cli import main
 
-    assert main(["export", "gguf", str(SOURCE), str(tmp_path / "b"), "--type", "f16"]) == 0
+    assert main(["export", "gguf", str(SOURCE), str(tmp_path / "b.gguf"), "--type", "f16"]) == 0
     err = capsys.readouterr().err
-    assert "f16 gate PASSED" in err and "against torch fp32" in err
+    assert "f16 gate PASSED" in err and "against torch fp32" in err and (tmp_path / "b.gguf").is_file()
     with pytest.raises(SystemExit):
-        main(["export", "gguf", str(SOURCE), str(tmp_path / "c"), "--type", "q4"])
-    assert main(["export", "gguf", str(SOURCE), str(tmp_path / "d"), "--int8"]) == 2
+        main(["export", "gguf", str(SOURCE), str(tmp_path / "c.gguf"), "--type", "q4"])
+    assert main(["export", "gguf", str(SOURCE), str(tmp_path / "d.gguf"), "--int8"]) == 2
     assert "--type" in capsys.readouterr().err
+    assert main(["export", "gguf", str(SOURCE), str(tmp_path / "folder")]) == 2
+    assert "*.gguf" in capsys.readouterr().err
 
 
 def test_laya_serve_serves_a_llama_bundle_from_its_engine_process(bundles):

@@ -154,10 +154,10 @@ def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
     assert exported.returncode == 0, exported.stderr
     dp = max_dp(predicted("ck-onnx"), reference)  # an fp32 bundle runs on ONNX Runtime fp32
     assert dp <= bound_of("fp32"), f"onnx fp32 bundle: max |dp| {dp:.2e} > {bound_of('fp32'):g}"
-    exported = run(venv, "laya", "export", "gguf", "ck", "ck-gguf", "--type", "f32", cwd=work, timeout=600)
+    exported = run(venv, "laya", "export", "gguf", "ck", "ck.gguf", "--type", "f32", cwd=work, timeout=600)
     assert exported.returncode == 0, exported.stderr
-    dp = max_dp(predicted("ck-gguf"), reference)  # a GGUF bundle runs on llama.cpp, the head in numpy
-    assert dp <= bound_of("f32"), f"llama f32 bundle: max |dp| {dp:.2e} > {bound_of('f32'):g}"
+    dp = max_dp(predicted("ck.gguf"), reference)  # one laya GGUF, run on llama.cpp with the head in numpy
+    assert dp <= bound_of("f32"), f"llama f32 GGUF: max |dp| {dp:.2e} > {bound_of('f32'):g}"
 
 
 @pytest.mark.slow

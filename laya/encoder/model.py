@@ -26,6 +26,7 @@ from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem, to
 from laya.encoder.windows import OVERFLOWS, Overflow, Scan, Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.heads import decode
+from laya.heads.layout import NO_ACT_HEAD
 from laya.limits import UNLIMITED, Limits
 from laya.questions import Question, check_state, parse_questions
 from laya.response import SystemOneResponse
@@ -262,11 +263,11 @@ class Model:
                 played, z, a = tournaments[q.qid].tournament, tournaments[q.qid].logits, tournaments[q.qid].act
                 final = self.tempered(played.finalists(), z)
                 p = played.shares(final)
-                extras = {"x_act_probability": decode.act_probability(a), "x_tournament": played.report(final)}
+                extras = {**self._act(a), "x_tournament": played.report(final)}
             else:
                 z, a = next(one_row)
                 p = self.tempered(q, z)
-                extras = {"x_act_probability": decode.act_probability(a)}
+                extras = self._act(a)
             if self.abstention is not None:
                 extras |= self.abstention.extras(q.qtype, q.n_options, p)
             answer = decode.answer(q, p, extras)
@@ -277,6 +278,12 @@ class Model:
         input_tokens, usage = row_usage(questions, rows_of)
         return SystemOneResponse(model=self.name, answers=answers, input_tokens=input_tokens, x_usage=usage,
                                  precision=self.runtime.precision)
+
+    def _act(self, act_logits: np.ndarray) -> dict[str, Any]:
+        """The act head's abstain probability, or null with the reason where the model has no act head."""
+        if not self.checkpoint.config.act_head:
+            return {"x_act_probability": None, "x_act_reason": NO_ACT_HEAD}
+        return {"x_act_probability": decode.act_probability(act_logits)}
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
                       *, min_confidence: Threshold | None = None, overflow: Overflow = None) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ ACT_HIDDEN = 256
 # The option logit every runtime returns for a marker slot that holds no option (runtimes/base.py).
 MASKED_LOGIT = -1e4
 ACT_FEATURES = 4
+# why an answer's x_act_probability is null: the model was read from a file without an act head
+NO_ACT_HEAD = "this model has no act head (read from a GGUF in llama.cpp's laya format, which carries none)"
 
 
 def encoder_tensors(enc: EncoderConfig) -> dict[str, tuple[int, ...]]:
