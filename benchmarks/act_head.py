@@ -3,11 +3,11 @@
     .venv/bin/python benchmarks/act_head.py [--tasks routing uniform app] [--seeds 0 1 2] [--lines 4000]
 
 Each (task, seed) is one `laya train` run of the generated 2-layer checkpoint (d 128) on the task's
-lines (`laya.models.routing_task`), fp32, one thread, 10 epochs, 64% of the lines held out (half fit
+lines (`laya.testing.routing_task`), fp32, one thread, 10 epochs, 64% of the lines held out (half fit
 the act head and the temperatures, half measure). Printed per run: held-out accuracy, the AUROC at
 telling right answers from wrong ones on the measuring half of the act probability and of the top
 probability (as served, tempered; and untempered, as the act head reads it), which head was kept
-and why. Slow (minutes per run): a measurement for the README, not a test.
+and why. Slow (minutes per run): a measurement, not a test.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
-    from laya.models.routing_task import app_footer_lines, routing_lines, uniform_noise_lines, write_jsonl
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
     import laya
-    from laya.hardware import cpu
+    from laya.native.cpu import cpu
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
+    from laya.testing.routing_task import app_footer_lines, routing_lines, uniform_noise_lines, write_jsonl
 
     makers = {"routing": routing_lines, "uniform": uniform_noise_lines, "app": app_footer_lines}
     print(f"processor: {cpu().describe()}")

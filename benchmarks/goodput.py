@@ -85,7 +85,7 @@ def workspace(prefix: str, model: str | None, lua: str) -> tuple[Path, str, Path
     generated checkpoint: (folder, model, script, body)."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     if model is None:
-        from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+        from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
         model = str(write_test_checkpoint(work / "ck", TestCheckpointSpec()))
     script, body = work / "post.lua", work / "body.json"

@@ -4,7 +4,7 @@ the same engine process, interleaved, at one keep-alive connection.
     .venv/bin/python benchmarks/lean_front.py [--rounds 50] [--checks]
 
 The minimal front is uvloop and httptools' parser under a protocol of a few lines. It parses and
-validates the body with the same `laya.api.parse_systemone`, sends the job through the same
+validates the body with the same `laya.request.parse_request`, sends the job through the same
 `RemoteEngine` (the model in an engine process, as `laya serve` runs it), renders the answer with the
 same `to_json` and writes head and body at once. Its HTTP loop runs at the same `nice` +10. It has no
 uvicorn, ASGI or Starlette objects, no admission, request id, deadline watch, metrics or access log,
@@ -75,7 +75,7 @@ class LeanFront:
         return Connection()
 
     async def answer(self, transport, body: bytes) -> None:
-        from laya.api import check_size, parse_systemone
+        from laya.request import check_size, parse_request
         from laya.server.body import check_media_type, check_tree, decoded_within, parse_json
 
         if self.checks:
@@ -86,8 +86,8 @@ class LeanFront:
             check_tree(tree, small, duplicates_checked=True)
         else:
             tree = json.loads(body)
-        request = parse_systemone(tree, batch=False, limits=self.limits, from_json=True)
-        job = self.engine.prepare([request.state], request.questions, limits=self.limits)
+        request = parse_request(tree, batch=False, limits=self.limits, from_json=True, sized=True)
+        job = self.engine.prepare(request, limits=self.limits)
         (result,), _ = await self.engine.submit(job)
         result.model = "enc"
         out = json.dumps(result.to_json(), ensure_ascii=False, separators=(",", ":")).encode()
@@ -132,7 +132,7 @@ def main() -> None:
         uvloop.run(serve(args.serve, args.port, args.checks))
         return
     warnings.simplefilter("ignore")
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec())

@@ -49,7 +49,7 @@ def stock_server(path: Path, threads: int) -> Any:
 
 
 def plan(model: Any) -> list:
-    from laya.bench import Scenario, scenarios
+    from laya.encoder.bench import Scenario, scenarios
 
     ones = scenarios(model, [128, 512], [], 0)
     tens = [scenarios(model, [], [10], n)[0] for n in (128, 512)]
@@ -102,12 +102,12 @@ def main() -> None:
     import importlib.metadata
 
     import torch
-    from laya.export.laya_gguf import export
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
 
     import laya
     from laya.encoder.checkpoint import load_checkpoint
-    from laya.hardware import cpu
+    from laya.encoder.export.laya_gguf import export
+    from laya.native.cpu import cpu
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     torch.set_num_threads(args.threads)
     types = [t.strip() for t in args.types.split(",") if t.strip()]

@@ -127,7 +127,7 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory()
     model = args.model
     if model is None:
-        from laya.models.testgen import write_test_checkpoint
+        from laya.testing.checkpoints import write_test_checkpoint
 
         model = str(write_test_checkpoint(Path(tmp.name) / "bench-model"))
     port = free_port()

@@ -111,13 +111,12 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
     import laya
     from laya.encoder.batch import collate, padded_length
     from laya.encoder.rows import build_rows
-    from laya.hardware import cpu
+    from laya.native.cpu import cpu
     from laya.questions import parse_questions
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     print(f"processor: {cpu().describe()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,6 +281,8 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
     import functools
 
     from laya.encoder.engine import EncoderEngine
+    from laya.engine import ForwardingEngine
+    from laya.request import Request
     from laya.server.remote import RemoteEngine
     from laya.server.serve import ModelSpec, ServeOptions, load_engine
 
@@ -292,8 +293,8 @@ def hop(folder: Path, args: argparse.Namespace, model) -> None:
     remote.serve_on(loop)  # as `laya serve` does: replies are read on the loop that awaits them
     try:
         def run(engine) -> None:
-            job = engine.prepare([STATE], QUESTIONS)
-            if engine.batches_where_it_runs:  # the engine process: one round trip
+            job = engine.prepare(Request.of([STATE], QUESTIONS))
+            if isinstance(engine, ForwardingEngine):  # the engine process: one round trip
                 loop.run_until_complete(engine.submit(job))
             else:
                 engine.execute([job])

@@ -2,12 +2,12 @@
 
     .venv/bin/python benchmarks/precision_errors.py [--shape base|small] [--weights adversarial|conditioned|raw]
 
-Runs the gate's fixed rows (laya.gate.gate_rows) through the fp32 network once, then through every
+Runs the gate's fixed rows (laya.encoder.gate.gate_rows) through the fp32 network once, then through every
 plan the packed runtime's gates can choose (bf16 with every encoder layer reduced, and with the first
 kept in fp32; the same for int8; fp16), eagerly, and prints each plan's gate record against the
 precision standard. Accuracy only: on a processor without bf16 units torch emulates bf16 (fp32
 arithmetic on bf16-rounded values), so the figures are the same there, only slower. `adversarial`
-weights (laya.models.testgen.ADVERSARIAL: content-dependent attention, answers mid-range) are the
+weights (laya.testing.checkpoints.ADVERSARIAL: content-dependent attention, answers mid-range) are the
 gate tests' hard case; `raw` ones make attention one-hot at the full shape, where every reduced
 precision fails.
 """
@@ -36,13 +36,13 @@ def main() -> None:
     warnings.simplefilter("ignore")
 
     import torch
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
     from vs_upstream import SHAPES
 
     from laya.encoder.checkpoint import load_checkpoint
+    from laya.encoder.gate import describe, measure
     from laya.encoder.runtimes.packed import RowByRow, _eager
     from laya.encoder.runtimes.rownet import Plan, RowNet
-    from laya.gate import describe, measure
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

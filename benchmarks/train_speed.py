@@ -17,12 +17,12 @@ import warnings
 from pathlib import Path
 
 import torch
-from laya.models.routing_task import routing_lines, write_jsonl
-from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
 
 from laya.calibration.data import read_records
 from laya.encoder.checkpoint import load_checkpoint
 from laya.encoder.runtimes.pytorch import TorchRuntime
+from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
+from laya.testing.routing_task import routing_lines, write_jsonl
 from laya.training.examples import examples_of
 from laya.training.loop import Settings, Trainer
 

@@ -62,7 +62,7 @@ def processor_kind(machine) -> str:
 
 
 def plan_scenarios(model) -> list:
-    from laya.bench import Scenario, scenarios
+    from laya.encoder.bench import Scenario, scenarios
 
     plan = scenarios(model, [128, 512], [4], 300)
     ten = scenarios(model, [], [10], 512)[0]
@@ -200,10 +200,10 @@ def main() -> None:
     warnings.simplefilter("ignore")
 
     import torch
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
     from make_golden import ensure_upstream
 
-    from laya.hardware import cpu
+    from laya.native.cpu import cpu
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     torch.set_num_threads(args.threads)
     specs = args.runtime or ["auto"]

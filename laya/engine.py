@@ -1,56 +1,77 @@
-"""What answers a validated System One request for one served model name: the one `Engine` protocol
-the encoder engine (`laya.encoder.engine`) and the decide engine (`laya.decide.engine`) implement as
-peers, and the one rule that picks between them.
+"""What answers a validated System One request for one served model name: the `Engine` protocol the
+encoder engine (`laya.encoder.engine`) and the decide engine (`laya.decide.engine`) implement as
+peers, and `ForwardingEngine`, what the engines that send jobs on to where they run add (the engine
+process, a Ray Serve deployment).
 
-An engine turns a request into a job (`prepare`, which validates, counts the work against the
-server's `Limits` and refuses before any inference), and runs many jobs together (`execute`),
-which is what lets the server coalesce concurrent requests into shared forward passes. A job's
-`cancelled` event, set when its caller goes away, stops its remaining work.
+An engine turns a `Request` into a job (`prepare`, which refuses what only the model can judge and
+counts the work against the server's `Limits`, before any inference), and runs many jobs together
+(`execute`), which is what lets the server coalesce concurrent requests into shared forward passes.
+A job knows the rows it will read (admission counts them) and carries the flag that stops its
+remaining work when its caller goes away or its deadline passes. Which engine reads a source is
+`laya.engines.open_engine`'s rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from laya.limits import UNLIMITED, Limits
-from laya.questions import Questions
+from laya.request import Request
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
 READY = {"state": "ready"}  # an engine in this process is up while the process is
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine says about itself wherever it is listed (`/v1/models`, `/health`, logs)."""
+
+    name: str  # the served name
+    kind: str  # "encoder" or "decide"
+    description: str
+    release_date: str  # ISO date of the artifact that answers (see `laya.engines.release_date_of`)
+
+
 class Job(Protocol):
-    """What `prepare` returns and `execute` runs: everything prepared for one request, and the flag
-    that stops its remaining work (set when its caller goes away or its deadline passes)."""
+    """What `prepare` returns and `execute` runs: everything prepared for one request, the rows it
+    will read (a tournament's groups and a scan's windows included), and the flag that stops its
+    remaining work."""
 
     cancelled: StopFlag
 
+    @property
+    def n_rows(self) -> int: ...
 
-class Engine(Protocol):
-    name: str
-    description: str
-    release_date: str
-    # True for an engine whose other end coalesces jobs itself (the engine process, a Ray Serve
-    # deployment): the server then sends each job on as it comes, through `async submit(job) ->
-    # (results, Timing)`, instead of batching them here into `execute`; its `prepare` only packs the
-    # request (the other end prepares it), so the server calls it on the event loop; and
-    # `serve_on(loop)` tells it the event loop its `submit` is awaited on (where replies are read)
-    batches_where_it_runs: bool
 
-    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, **options: Any) -> Job: ...
+@dataclass(frozen=True)
+class Timing:
+    """Where a job's time went: waiting for its batch, and the batch's forward passes."""
 
-    def execute(self, jobs: list[Job]) -> list[list[SystemOneResponse]]: ...
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    batch_rows: int = 0
+    batch_jobs: int = 0
+    leads_batch: bool = True  # the one answer of its batch that counts the batch (where batches are counted apart)
 
-    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-             **options: Any) -> dict[str, Any]:
+
+class _Serves(Protocol):
+    """What the server asks of every engine, wherever its model runs."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> Job:
+        """The job for `request`; every refusal of the model's happens here (`QuestionError`, or
+        `LimitExceeded` past `limits`). Past `deadline` (monotonic) the job stops between forward passes."""
+        ...
+
+    def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """What the request would take and where it would be cut or refused (`laya.plan.report`),
         with no forward pass; blocking (the server calls it on a worker thread)."""
         ...
-
-    def rows(self, job: Job) -> int: ...
 
     def warmup(self) -> None: ...
 
@@ -59,6 +80,29 @@ class Engine(Protocol):
     def status(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+class Engine(_Serves, Protocol):
+    """An engine whose model runs here: the server batches its jobs into `execute`."""
+
+    def execute(self, jobs: list[Any]) -> list[list[SystemOneResponse]]:
+        """Each job's answers (empty for a job stopped before it finished), the jobs run together."""
+        ...
+
+
+@runtime_checkable
+class ForwardingEngine(_Serves, Protocol):
+    """An engine whose other end coalesces jobs itself: the server sends each job on as it comes
+    (`submit`) instead of batching jobs here into `execute`; its `prepare` only packs the request (the
+    other end prepares it), so the server calls it on the event loop; `serve_on(loop)` tells it the
+    event loop its `submit` is awaited on (where replies are read)."""
+
+    async def submit(self, job: Any) -> tuple[list[SystemOneResponse], Timing]: ...
+
+    def serve_on(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+
+AnyEngine = Engine | ForwardingEngine  # what a served model name maps to
 
 
 WARMUP_QUESTIONS = {"w": {"type": "noul", "instructions": "Is this a warm-up?"}}
@@ -74,11 +118,11 @@ class InProcessEngine:
     model: Any
     description: str = ""
     release_date: str = ""
-    batches_where_it_runs: ClassVar[bool] = False
+    kind: ClassVar[str] = ""
 
     @property
-    def name(self) -> str:
-        return self.model.name
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.model.name, self.kind, self.description, self.release_date)
 
     def warmup(self) -> None:
         self.model.predict("warm-up", WARMUP_QUESTIONS)
@@ -88,24 +132,3 @@ class InProcessEngine:
 
     def close(self) -> None:
         """Nothing to stop: the model lives as long as this process."""
-
-
-def is_gguf(source: str) -> bool:
-    """The rule: a `.gguf` file (`path.gguf`, or `path.gguf:READOUT` naming its readout profile) is a
-    chat model for the decide engine, unless it is a laya decision model in llama.cpp's format
-    (`modern-bert.decision.type = "laya"`), which the encoder engine reads; anything else names a laya
-    checkpoint (a folder, a bundle, a registry name, a Hub repository) for the encoder engine."""
-    path, readout = split_readout(source)
-    if not path.lower().endswith(".gguf"):
-        return False
-    from laya.encoder.gguf_file import is_laya_gguf
-
-    return readout is not None or not is_laya_gguf(path)
-
-
-def split_readout(source: str) -> tuple[str, str | None]:
-    """`path.gguf:READOUT` as (`path.gguf`, `READOUT`); anything else as (itself, None)."""
-    head, colon, readout = source.rpartition(":")
-    if colon and head.lower().endswith(".gguf") and readout and not any(c in readout for c in "/\\."):
-        return head, readout
-    return source, None

@@ -5,6 +5,8 @@ Every user-facing failure is one of these; anything else escaping the library is
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LayaError(Exception):
     """Base of every error the library raises on purpose."""
@@ -22,7 +24,7 @@ class QuestionError(LayaError, ValueError):
         self.qid = qid
         self.error_type = error_type
 
-    def __reduce__(self):  # keeps qid and error_type across processes (an engine in its own process)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keeps qid and error_type across processes
         return (QuestionError, (str(self), self.qid, self.error_type))
 
 

@@ -9,6 +9,7 @@ over a limit is refused (HTTP 413) with `error_type` naming the limit and the fl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from laya.errors import QuestionError
 
@@ -21,7 +22,7 @@ class LimitExceeded(QuestionError):
                          error_type=f"max_{what.replace(' ', '_')}_exceeded")
         self.what, self.flag, self.limit, self.got = what, flag, limit, got
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (LimitExceeded, (self.what, self.got, self.limit, self.flag))
 
 

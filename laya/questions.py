@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.config import QTYPES
 from laya.errors import QuestionError
+
+Loc = tuple[str | int, ...]  # where in a request body: keys and list indexes
+
+QTYPES = ("choice", "score", "noul")  # the question types, in the order the type embedding rows follow
 
 NOUL_FALSE_DEFAULT = "no, the statement does not hold"
 NOUL_TRUE_DEFAULT = "yes, the statement holds"
@@ -28,11 +31,11 @@ def render_text(value: Any) -> str:
 SURROGATE_MSG = "a string holds a lone surrogate (an unpaired \\ud800-\\udfff code point): it is no text"
 
 
-def unencodable(value: Any) -> tuple | None:
+def unencodable(value: Any) -> Loc | None:
     """Where in `value` (a string, or JSON of them) a string or key holds a lone surrogate, which no
     text encoding carries (a tokenizer refuses it): its location, or None. JSON parsed by the server is
     checked on its bytes already; a library caller, an MCP tool or a JSONL line hands Python strings."""
-    stack: list[tuple[tuple, Any]] = [((), value)]
+    stack: list[tuple[Loc, Any]] = [((), value)]
     while stack:
         loc, item = stack.pop()
         if isinstance(item, str):
@@ -94,7 +97,7 @@ class Problem:
     machine-readable `type`. The server renders these as FastAPI's 422 items, the library as a
     `QuestionError`: one list of rules for every surface."""
 
-    loc: tuple[str | int, ...]
+    loc: Loc
     msg: str
     type: str
 
@@ -111,7 +114,7 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, str | dict | list)
 
 
-def _count(loc: tuple, what: str, n: int, low: int, high: int, unit: str, problems: list[Problem]) -> bool:
+def _count(loc: Loc, what: str, n: int, low: int, high: int, unit: str, problems: list[Problem]) -> bool:
     if n < low:
         problems.append(Problem(loc, f"{what} needs at least {low} {unit}, got {n}", "too_short"))
     elif n > high:
@@ -121,7 +124,7 @@ def _count(loc: tuple, what: str, n: int, low: int, high: int, unit: str, proble
     return False
 
 
-def _choice(loc: tuple, criteria: Any, problems: list[Problem]) -> tuple[list[str], list[str | None]] | None:
+def _choice(loc: Loc, criteria: Any, problems: list[Problem]) -> tuple[list[str], list[str | None]] | None:
     cloc = (*loc, "criteria")
     if criteria is None:
         problems.append(Problem(cloc, "Field required: a choice question takes 'criteria', a map option -> "
@@ -157,7 +160,7 @@ def _choice(loc: tuple, criteria: Any, problems: list[Problem]) -> tuple[list[st
     return names, [None if v is None or v == "" else render_text(v) for v in values]
 
 
-def _score(loc: tuple, criteria: Any, problems: list[Problem]) -> list[Any] | None:
+def _score(loc: Loc, criteria: Any, problems: list[Problem]) -> list[Any] | None:
     cloc = (*loc, "criteria")
     if isinstance(criteria, dict):
         problems.append(Problem(cloc, "score criteria must be a LIST of level descriptions, level 0 first; "
@@ -178,7 +181,8 @@ def _score(loc: tuple, criteria: Any, problems: list[Problem]) -> list[Any] | No
     return None if bad else criteria
 
 
-def _noul(loc: tuple, criteria: Any, labels: Any, problems: list[Problem]) -> tuple[dict, tuple[str, str]] | None:
+def _noul(loc: Loc, criteria: Any, labels: Any,
+          problems: list[Problem]) -> tuple[dict[str, Any], tuple[str, str]] | None:
     cloc = (*loc, "criteria")
     if criteria is None:
         criteria = {}
@@ -190,7 +194,7 @@ def _noul(loc: tuple, criteria: Any, labels: Any, problems: list[Problem]) -> tu
     lowered: dict[str, Any] = {}
     for key, value in criteria.items():
         low = key.lower() if isinstance(key, str) else None
-        if low not in ("true", "false"):
+        if low is None or low not in ("true", "false"):
             problems.append(Problem((*cloc, str(key)), "noul criteria take only the keys 'true' and 'false'",
                                     "extra_forbidden"))
             ok = False
@@ -201,12 +205,13 @@ def _noul(loc: tuple, criteria: Any, labels: Any, problems: list[Problem]) -> tu
         elif value is not None and not _is_text(value):
             problems.append(Problem((*cloc, key), TEXT_MSG + " or null", "text_type"))
             ok = False
-        lowered[low] = value
+        if low is not None:
+            lowered[low] = value
     pair = _noul_labels((*loc, "labels"), labels, problems)
     return (lowered, pair) if ok and pair else None
 
 
-def _noul_labels(loc: tuple, labels: Any, problems: list[Problem]) -> tuple[str, str] | None:
+def _noul_labels(loc: Loc, labels: Any, problems: list[Problem]) -> tuple[str, str] | None:
     if labels is None:
         return "false", "true"
     message = "noul 'labels' must map exactly 'false' and 'true' to two different non-empty strings"
@@ -232,7 +237,7 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
     The one rule set of the library, the CLI and the server: 2-255 choice options (a map option ->
     description, or a list of option names), 2-10 score levels as a list, noul criteria with only
     'true'/'false'; every text (instructions, descriptions, levels) a string, object or array."""
-    loc: tuple = ("questions", qid)
+    loc: Loc = ("questions", qid)
     if not isinstance(qid, str) or not qid or unencodable(qid) is not None:
         problems.append(Problem(("questions",), "question ids must be non-empty strings of text", "value_error"))
         return None
@@ -339,7 +344,7 @@ def parse_questions(questions: Any) -> list[Question]:
     """All questions of a request, in the caller's order; raises `QuestionError` on the first problem.
     Questions validated already (the server's parse gives `Question`s to the engines) pass as they are,
     so a request is validated once however many processes it crosses."""
-    if isinstance(questions, list) and questions and all(isinstance(q, Question) for q in questions):
+    if isinstance(questions, list | tuple) and questions and all(isinstance(q, Question) for q in questions):
         return list(questions)
     problems: list[Problem] = []
     parsed = check_questions(questions, problems)
@@ -347,7 +352,7 @@ def parse_questions(questions: Any) -> list[Question]:
     return parsed
 
 
-def state_problem(state: Any, loc: tuple = ("state",)) -> Problem | None:
+def state_problem(state: Any, loc: Loc = ("state",)) -> Problem | None:
     if state is None:
         return Problem(loc, "state must not be null; pass text, an object or a list", "missing")
     if not _is_text(state):

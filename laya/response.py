@@ -74,7 +74,7 @@ class SystemOneResponse:
     answers: dict[str, Answer]
     input_tokens: int
     x_usage: dict[str, Any] | None = None
-    # "model": "auto": why this model answered (laya.router), set by the server
+    # "model": "auto": why this model answered (laya.routing.router), set by the server
     routed_to: str | None = None
     route_reason: str | None = None
     # the precision that answered (an encoder runtime's: fp32, bf16, int8, ...), `x_precision`

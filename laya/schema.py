@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from laya.api import MAX_TOKENS_ONE
-from laya.encoder.tournament import MAX_GROUP, MIN_GROUP
 from laya.limits import Limits
 from laya.questions import MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS
+from laya.tournament import MAX_GROUP, MIN_GROUP
 
 TEXT: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
                         "description": "structured text: a string, a JSON object or a JSON array"}

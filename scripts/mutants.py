@@ -4,9 +4,8 @@
     .venv/bin/python scripts/mutants.py --list       # names, files and the tests that should catch each
     .venv/bin/python scripts/mutants.py tree-no-restore rows-no-cut   # some of them (fnmatch patterns too)
 
-Each mutant is a snippet of one module of `laya/` or `export/` (it must occur exactly once) and what
-replaces it. The script copies `laya/` into a temporary folder (`export/` and `models/` inside it, as
-the wheel lays them out), plants the bug there, and runs the mutant's tests
+Each mutant is a snippet of one module of `laya/` (it must occur exactly once) and what
+replaces it. The script copies `laya/` into a temporary folder, plants the bug there, and runs the mutant's tests
 from this checkout with that copy first on `PYTHONPATH` (the checkout itself is never written to, so
 it is safe while others run tests from it). A mutant is `caught` when its tests fail, `survived` when
 they pass. The baseline runs every named test on an unmutated copy first: a test that fails there
@@ -48,7 +47,7 @@ BATCHER = "laya/server/batcher.py"
 BODY = "laya/server/body.py"
 REMOTE = "laya/server/remote.py"
 ONNX = "laya/encoder/runtimes/onnx.py"
-ONNX_EXPORT = "export/onnx.py"
+ONNX_EXPORT = "laya/encoder/export/onnx.py"
 GRAPH_TEST = ("tests/test_onnx.py::test_the_graph_runs_fused_kernels_and_splits_no_product",)
 TEMPS = "laya/calibration/temperatures.py"
 
@@ -112,7 +111,7 @@ MUTANTS = [
            "(self.inside + extra) / rate", ADMISSION_TESTS, "the queue counted in requests of one row"),
     Mutant("admission-no-extra", ADMISSION, "self.queued_s(extra=1) > budget_s", "self.queued_s() > budget_s",
            ADMISSION_TESTS, "the request's own rows left out of its deadline budget"),
-    Mutant("admission-alone-shed", ADMISSION, "if self.inside and (", "if (", ADMISSION_TESTS,
+    Mutant("admission-alone-shed", ADMISSION, "and self.inside and (", "and (", ADMISSION_TESTS,
            "a request alone can be shed"),
     Mutant("admission-no-max-queue", ADMISSION, "self.queued_s() > self.max_queue_s or ", "", ADMISSION_TESTS,
            "--max-queue-ms ignored"),
@@ -142,9 +141,9 @@ MUTANTS = [
     Mutant("onnx-keeps-spinning", ONNX, 'options.add_session_config_entry("session.force_spinning_stop", "1")',
            "pass", ("tests/test_onnx.py::test_the_thread_pool_stops_spinning_when_a_forward_pass_ends",),
            "ONNX Runtime's pool spins on after every forward pass"),
-    Mutant("placement-caller-free", "laya/encoder/runtimes/placement.py", "os.sched_setaffinity(0, (self.caller,))",
+    Mutant("placement-caller-free", "laya/native/placement.py", "os.sched_setaffinity(0, (self.caller,))",
            "pass", ("tests/test_placement.py",), "the calling thread of a forward is not pinned to its own core"),
-    Mutant("placement-dedicated-freed", "laya/encoder/runtimes/placement.py", "if me == _dedicated:", "if False:",
+    Mutant("placement-dedicated-freed", "laya/native/placement.py", "if me == _dedicated:", "if False:",
            ("tests/test_placement.py",), "the engine process's forward thread is pinned and freed around every call"),
     Mutant("engine-thread-not-dedicated", REMOTE, "        dedicate_this_thread()  #", "        pass  #",
            ("tests/test_placement.py::test_the_engine_process_keeps_its_forward_thread_on_one_core",),
@@ -155,8 +154,9 @@ MUTANTS = [
     Mutant("question-set-unhashable", "laya/questions.py", "field(default=None, hash=False)", "None",
            ("tests/test_engine_process.py::test_every_question_type_crosses_kept_then_by_slot",
             "tests/test_served_goldens.py"), "a score question's set cannot key the engine process's slots"),
-    Mutant("slot-ignores-limits", REMOTE, "        key = (tuple(questions), job.limits)\n",
-           "        key = (tuple(questions),)\n", ("tests/test_engine_process.py::test_a_slot_holds_its_limits_too",),
+    Mutant("slot-ignores-limits", REMOTE, "        key = (request.questions, request.options, job.limits)\n",
+           "        key = (request.questions, request.options)\n",
+           ("tests/test_engine_process.py::test_a_slot_holds_its_limits_too",),
            "a question set asked again under other limits runs under the first request's limits"),
     Mutant("pickle-drops-a-field", "laya/response.py", "attrgetter(*(f.name for f in fields(cls)))",
            "attrgetter(*(f.name for f in fields(cls)[:-1]))", ("tests/test_response.py",),
@@ -188,12 +188,12 @@ MUTANTS = [
     Mutant("walk-skips-exponents", BODY, r'rb"[0-9](?:[eE]|[0-9]{%d})" % MAX_INT_DIGITS',
            r'rb"[0-9][0-9]{%d}" % MAX_INT_DIGITS', ("tests/test_body.py",),
            "a number that overflows to infinity is let through"),
-    Mutant("validated-remembers-refusals", "laya/api.py", "        if not found:\n", "        if True:\n",
+    Mutant("validated-remembers-refusals", "laya/request.py", "        if not found:\n", "        if True:\n",
            ("tests/test_questions.py",), "a refused question set is remembered and then let through"),
-    Mutant("validated-loose-key", "laya/api.py", "        key = repr(questions)\n",
+    Mutant("validated-loose-key", "laya/request.py", "        key = repr(questions)\n",
            "        key = repr(sorted(questions))\n", ("tests/test_questions.py",),
            "question sets with the same ids share one remembered validation"),
-    Mutant("decode-sequential-sum", "laya/heads/floats.py", "    if n < _UNROLL:", "    if True:",
+    Mutant("decode-sequential-sum", "laya/decoding/floats.py", "    if n < _UNROLL:", "    if True:",
            ("tests/test_decode.py",), "decoding sums probabilities one by one, not in numpy's pairwise order"),
     Mutant("onnx-unfused", ONNX_EXPORT, "module = PortableNet.load(checkpoint, ops=ORT_FUSED)",
            "module = PortableNet.load(checkpoint)", GRAPH_TEST,
@@ -242,14 +242,14 @@ MUTANTS = [
            "    if False:\n        return Problem(", ("tests/test_questions.py",),
            "a state with a lone surrogate reaches the tokenizer (a TypeError)"),
     # --- keys, answers about the host, supervision ---
-    Mutant("key-over-plain-http", "laya/outbound.py",
+    Mutant("key-over-plain-http", "laya/apps/outbound.py",
            'if key and parts.scheme == "http" and not is_loopback(parts.hostname):', "if False:",
            ("tests/test_outbound.py",), "a key is sent in clear to another machine"),
-    Mutant("answer-uncapped", "laya/outbound.py",
+    Mutant("answer-uncapped", "laya/apps/outbound.py",
            "        for chunk in r.iter_bytes():\n            content += chunk\n            if len(content) > cap:",
            "        for chunk in r.iter_bytes():\n            content += chunk\n            if False:",
            ("tests/test_outbound.py",), "a server's answer is read whole, past the cap"),
-    Mutant("eval-one-key-for-all", "laya/cli.py", "        for spec in specs:\n            out[spec] = key",
+    Mutant("eval-one-key-for-all", "laya/cli/evaluate.py", "        for spec in specs:\n            out[spec] = key",
            "        for spec in urls.values():\n            out[spec] = key", ("tests/test_outbound.py",),
            "laya eval sends a URL's key to every URL method"),
     Mutant("health-shows-pids", "laya/redaction.py", "if k not in PRIVATE_KEYS", "if True",
@@ -265,10 +265,10 @@ MUTANTS = [
            "    if False:\n        return {\"status\"",
            ("tests/test_server.py::test_a_key_guards_what_it_should",),
            "with a key, /health tells anyone what is loaded"),
-    Mutant("mcp-key-ignored", "laya/agents/mcp.py", '        return key_given(header.decode("latin-1"), self.key)',
+    Mutant("mcp-key-ignored", "laya/apps/mcp.py", '        return key_given(header.decode("latin-1"), self.key)',
            "        return True", ("tests/test_mcp.py",), "MCP over HTTP answers without its key"),
     # --- the precision standard, the packed runtime, auto ---
-    Mutant("gate-batch-ignored", "laya/gate.py", "and batch_dp <= bounds.batch_dependence_max_dp)", ")",
+    Mutant("gate-batch-ignored", "laya/encoder/gate.py", "and batch_dp <= bounds.batch_dependence_max_dp)", ")",
            ("tests/test_precision_gates.py::test_batch_dependence_is_measured",),
            "an answer that moves with its batch company passes the gate"),
     Mutant("gate-one-plan", "laya/encoder/runtimes/packed.py", "FP32_LAYER_TIERS = (0, 1)", "FP32_LAYER_TIERS = (0,)",
@@ -284,11 +284,11 @@ MUTANTS = [
            "attn_mask=global_mask if is_global else local_mask)", "attn_mask=global_mask)",
            ("tests/test_parity.py::test_against_reference[packed-fp32-checkpoint_dir]",),
            "local layers attend over the whole row"),
-    Mutant("auto-ties-to-candidate", "laya/choice.py", "if ratios[label] < ratios[winner]:",
+    Mutant("auto-ties-to-candidate", "laya/encoder/choice.py", "if ratios[label] < ratios[winner]:",
            "if ratios[label] <= ratios[winner]:",
            ("tests/test_auto_measures.py::test_a_candidate_wins_only_if_faster_than_torch_fp32",),
            "a tie goes to the candidate, not the reference"),
-    Mutant("auto-exact-takes-bf16", "laya/choice.py",
+    Mutant("auto-exact-takes-bf16", "laya/encoder/choice.py",
            'if key not in seen and (not exact or c.options.get("precision", "fp32") in EXACT):',
            "if key not in seen:", ("tests/test_auto.py::test_the_rule_in_order",),
            "precision='fp32' still lets auto choose bf16"),
@@ -302,7 +302,7 @@ MUTANTS = [
     Mutant("routing-english-default", "laya/routing/decision.py", "    return primary in ENGLISH_CODES",
            "    return True", ("tests/test_routing.py",), "every Latin-script state routed to the English model"),
     # --- llama.cpp's laya GGUF ---
-    Mutant("gguf-bucket-names", "export/laya_gguf.py", '"6-10": "6_10"', '"6-10": "6-10"',
+    Mutant("gguf-bucket-names", "laya/encoder/export/laya_gguf.py", '"6-10": "6_10"', '"6-10": "6-10"',
            ("tests/test_gguf_mainline.py::test_stock_llama_cpp_serves_what_laya_writes",),
            "the 6-10 option temperature is written under a key llama.cpp never looks up"),
     Mutant("gguf-rebuilt-never-prepends", "laya/encoder/gguf_file.py",
@@ -310,7 +310,7 @@ MUTANTS = [
            'tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")',
            ("tests/test_gguf_mainline.py::test_a_file_without_lays_keys_answers_as_its_checkpoint",),
            "an mmBERT tokenizer rebuilt from a plain file tokenizes otherwise than llama.cpp"),
-    Mutant("gguf-unclamped", "export/laya_gguf.py", 'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(t)',
+    Mutant("gguf-unclamped", "laya/encoder/export/laya_gguf.py", 'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(t)',
            'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(checkpoint.config.temperature_by_options.get(key, t))',
            ("tests/test_gguf_mainline.py::test_what_laya_writes_is_a_laya_decision_gguf",),
            "the bucket temperatures are written as stored, not clamped as upstream loads them"),
@@ -324,7 +324,7 @@ RECORD = ROOT / "docs" / "mutants.json"
 
 
 def plant(copy: Path, mutant: Mutant) -> None:
-    path = copy / ("laya/" + mutant.file if mutant.file.startswith(("export/", "models/")) else mutant.file)
+    path = copy / mutant.file
     text = path.read_text(encoding="utf-8")
     count = text.count(mutant.original)
     if count != 1:
@@ -335,7 +335,7 @@ def plant(copy: Path, mutant: Mutant) -> None:
 def run_tests(copy: Path, tests: tuple[str, ...], stop: bool = True, root: Path = ROOT) -> tuple[int, float, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH")) if p)}
     # run from the copy: `python -m` puts the working folder first on sys.path, ahead of PYTHONPATH
-    where = "import laya, laya.export; print(laya.__file__, laya.export.__file__)"
+    where = "import laya, laya.encoder.export; print(laya.__file__, laya.encoder.export.__file__)"
     probe = subprocess.run([sys.executable, "-c", where], env=env, cwd=copy, capture_output=True, text=True,
                            check=True)
     if not all(path.startswith(str(copy)) for path in probe.stdout.split()):
@@ -358,8 +358,6 @@ def run_tests(copy: Path, tests: tuple[str, ...], stop: bool = True, root: Path 
 def fresh_copy(base: Path, name: str) -> Path:
     copy = base / name
     shutil.copytree(ROOT / "laya", copy / "laya", ignore=shutil.ignore_patterns("__pycache__"))
-    for sub in ("export", "models"):  # laya.export and laya.models, as in the wheel
-        shutil.copytree(ROOT / sub, copy / "laya" / sub, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv and run the checks: ruff, then the test suite. Extra arguments go to pytest.
+# Set up .venv and run the checks: ruff, the layers and the types, then the test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,6 +14,10 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 . scripts/mlx-blas.sh
 .venv/bin/ruff check .
+# The layers (import-linter contracts) and the types (mypy; strict on the contract and the engine
+# boundary), both configured in pyproject.toml.
+.venv/bin/lint-imports
+.venv/bin/mypy
 main=0
 .venv/bin/python -m pytest -m "not mlx" "$@" || main=$?
 # MLX in its own process, with OpenBLAS preloaded (see scripts/mlx-blas.sh). One OpenBLAS thread: the

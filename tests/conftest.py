@@ -8,7 +8,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+
+from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -65,7 +66,7 @@ def auto_by_rule():
     timing on this shared machine would make a matter of chance. Measuring is tested explicitly
     (tests/test_auto_measures.py, `measure=True`), and the parity suite's auto target measures
     (tests/parity_targets.py), so what auto really picks here is held to its bound."""
-    from laya.choice import BUDGET_ENV, MEASURE_ENV
+    from laya.encoder.choice import BUDGET_ENV, MEASURE_ENV
 
     # where auto does measure, a short budget: on a shared machine a contended torch forward can take
     # a second even on a tiny checkpoint, and what a parity test needs is auto's pick, not its precision
@@ -85,7 +86,7 @@ def checkpoint_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", TestCheckpointSpec())
 
 
-# The accuracy gates' hard case, small enough for the suite (models/testgen.ADVERSARIAL: attention that
+# The accuracy gates' hard case, small enough for the suite (laya/testing/checkpoints.ADVERSARIAL: attention that
 # depends on content, answers mid-range); benchmarks/precision_errors.py measures the full shape.
 ADVERSARIAL_SPEC = dict(flavour="mmbert", hidden_size=128, num_layers=6, num_heads=2, intermediate_size=192,
                         local_attention=128, max_len=1024, head_max_len=256, seed=3)
@@ -93,7 +94,7 @@ ADVERSARIAL_SPEC = dict(flavour="mmbert", hidden_size=128, num_layers=6, num_hea
 
 @pytest.fixture(scope="session")
 def adversarial_dir(tmp_path_factory) -> Path:
-    from laya.models.testgen import ADVERSARIAL
+    from laya.testing.checkpoints import ADVERSARIAL
 
     return write_test_checkpoint(tmp_path_factory.mktemp("ck") / "adversarial",
                                  TestCheckpointSpec(**ADVERSARIAL_SPEC, **ADVERSARIAL))

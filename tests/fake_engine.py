@@ -7,9 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.engine import EngineInfo
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
-from laya.questions import parse_questions
+from laya.request import Request
 from laya.response import Answer, SystemOneResponse
 from laya.stop import StopFlag
 
@@ -20,32 +21,29 @@ class Job:
     questions: list[Any]
     cancelled: StopFlag = field(default_factory=StopFlag)
 
+    @property
+    def n_rows(self) -> int:
+        return len(self.states) * len(self.questions)
+
 
 class ScriptedEngine:
     """Answers every noul with 0.5 after `delay` seconds per state (a cancelled job stops between
     states, as the real engines stop between forward passes); the state "boom" raises inside `execute`,
     and "hang" blocks there forever (a forward pass stuck in a native call)."""
 
-    description = "scripted test engine"
-    release_date = "2026-01-01"
-    batches_where_it_runs = False
-
     def __init__(self, name: str = "scripted", delay: float = 0.0):
+        self.info = EngineInfo(name, "scripted", "scripted test engine", "2026-01-01")
         self.name = name
         self.delay = delay
         self.executed: list[Any] = []
         self.lock = threading.Lock()
 
-    def prepare(self, states: list[Any], questions: dict[str, Any], deadline: float | None = None,
-                limits: Limits = UNLIMITED, **options: Any) -> Job:
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> Job:
+        states = list(request.states)
         if "crash" in states:
             raise KeyError("an unexpected bug")
-        parsed = parse_questions(questions)
-        limits.check("rows", len(states) * len(parsed))  # as the real engines count a request's rows
-        return Job(states, parsed, StopFlag(deadline))
-
-    def rows(self, job: Job) -> int:
-        return len(job.states) * len(job.questions)
+        limits.check("rows", request.rows)  # as the real engines count a request's rows
+        return Job(states, list(request.questions), StopFlag(deadline))
 
     def execute(self, jobs: list[Job]) -> list[list[dict]]:
         if any(s == "hang" for job in jobs for s in job.states):

@@ -14,14 +14,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from laya.encoder.gate import BOUNDS
 from laya.encoder.runtimes import RUNTIMES, available_runtimes
-from laya.gate import BOUNDS
 
 REFERENCE = "torch"
 AUTO = "auto"
 # Each precision's bound in probability against the fp32 reference, on any input: fp32 1e-4 (and no
-# argmax flip at all); bf16 the precision standard's 0.05 (laya/gate.py); fp16 0.02; int8 0.1, twice
-# its gate's 0.05 on the gate's fixed rows (README, ONNX).
+# argmax flip at all); bf16 the precision standard's 0.05 (laya/encoder/gate.py); fp16 0.02; int8 0.1, twice
+# its gate's 0.05 on the gate's fixed rows (docs/runtimes.md, ONNX).
 PRECISION_BOUNDS = {"fp32": 1e-4, "bf16": BOUNDS["bf16"].max_dp, "fp16": BOUNDS["fp16"].max_dp, "int8": 0.1,
                     # llama.cpp's GGUF types: f32 is fp32; f16 as fp16; q8_0 (int8 blocks) as int8
                     "f32": 1e-4, "f16": BOUNDS["f16"].max_dp, "q8_0": 0.1}

@@ -11,6 +11,7 @@ import pytest
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
+from laya.engine import EngineInfo
 from laya.server.admission import Admission
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Overloaded
@@ -90,7 +91,7 @@ def test_a_request_alone_is_let_in_whatever_its_size_and_deadline():
 
 
 class _Engine:
-    name = "stub"
+    info = EngineInfo("stub", "encoder", "", "")
 
 
 @pytest.fixture
@@ -143,7 +144,7 @@ def test_the_app_tells_the_door_each_requests_rows():
 class _Gated:
     """An engine whose first forward pass waits for a gate: what queues meanwhile is seen batching."""
 
-    name = "gated"
+    info = EngineInfo("gated", "encoder", "", "")
 
     def __init__(self):
         import threading

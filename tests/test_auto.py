@@ -1,5 +1,5 @@
 """The packed runtime's reduced precisions and `runtime="auto"`: the gate that keeps a fast precision
-honest (the precision standard, laya/gate.py), rows that answer the same in any batch, and the choice
+honest (the precision standard, laya/encoder/gate.py), rows that answer the same in any batch, and the choice
 that says why."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 from conftest import load_quiet
 
 import laya
-from laya import choice
 from laya.cli import main
+from laya.encoder import choice
+from laya.encoder.gate import BOUNDS, GateFailed
 from laya.encoder.runtimes import packed, rownet
 from laya.errors import RuntimeUnavailable
-from laya.gate import BOUNDS, GateFailed
-from laya.hardware import Cpu
+from laya.native.cpu import Cpu
 
 QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
              "u": {"type": "noul", "instructions": "Urgent?"}}

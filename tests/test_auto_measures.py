@@ -19,11 +19,12 @@ import torch
 from conftest import load_quiet
 from live_server import LiveServer
 
-from laya import bench, choice, hardware
 from laya.cli import main
+from laya.encoder import bench, choice
 from laya.encoder.runtimes import base, packed
 from laya.errors import RuntimeUnavailable
-from laya.hardware import Cpu
+from laya.native import cpu as hardware
+from laya.native.cpu import Cpu
 
 LENGTHS = (16, 48)  # instead of 128 / 512: the same code, shorter rows
 

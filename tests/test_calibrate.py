@@ -166,9 +166,8 @@ def test_bad_calibration_files_are_clear_errors(tmp_path, checkpoint_dir):
 
 def test_decide_engine_calibrates_per_type(tmp_path):
     need("llama_cpp", "the [llama] extra is not installed")
-    from laya.models.gguftest import write_tiny_gguf
-
     from laya.decide.llama import open_gguf
+    from laya.testing.chat_gguf import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     data = write_data(None, tmp_path / "d.jsonl", 60, temperature=None)

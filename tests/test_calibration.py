@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from laya.calibration.confidence import choice_confidence, score_confidence
 from laya.calibration.temperatures import Temperatures, bucket_key, bucket_of, clamp
+from laya.decoding.confidence import choice_confidence, score_confidence
 
 ENGLISH = {"choice:2": 1.9064, "choice:3-5": 1.7602, "choice:6-10": 1.0, "choice:11+": 0.1006,
            "score:3-5": 1.2514, "noul:2": 1.9834}

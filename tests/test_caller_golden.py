@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import load_quiet
 
-from laya.encoder.windows import Scan
 from laya.errors import QuestionError
+from laya.request import Scan
 from laya.structured import plan_schema
 
 GOLDEN = Path(__file__).parent / "golden"

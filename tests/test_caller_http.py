@@ -15,8 +15,8 @@ from live_server import LiveServer
 from pydantic import BaseModel, Field
 
 from laya.encoder.engine import EncoderEngine
-from laya.encoder.windows import Scan
 from laya.limits import Limits
+from laya.request import Scan
 from laya.server.app import ServerConfig, create_app
 
 KEY = "sk-test-structured"

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import load_quiet
-from laya.models.registry import REGISTRY
 from safetensors.numpy import load_file, save_file
 
 import laya
 from laya.encoder.checkpoint import load_checkpoint, sha256_of
+from laya.encoder.registry import REGISTRY
 from laya.errors import CheckpointError
 
 

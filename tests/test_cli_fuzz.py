@@ -11,18 +11,17 @@ from generators import question, request, schema, texts, values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from laya import cli
-from laya.cli import main
+from laya.cli import common, main
 
 
 @pytest.fixture
 def quick(monkeypatch, model):
     """Every command's model is the session's (loading the tiny checkpoint again per example costs more
     than the example)."""
-    monkeypatch.setattr(cli, "_load", lambda args: model)
+    monkeypatch.setattr(common, "load_model", lambda args: model)
     from laya.encoder.engine import EncoderEngine
 
-    monkeypatch.setattr(cli, "_engine", lambda args: EncoderEngine(model))
+    monkeypatch.setattr(common, "make_engine", lambda args: EncoderEngine(model))
 
 
 def one_clean_line(code: int, err: str, failed_lines: bool = False) -> None:

@@ -13,9 +13,8 @@ from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, need
 
 need("coremltools", "the [coreml] extra is not installed")
 
-from laya.export.coreml import ane_buckets, export_bundle, general_lengths  # noqa: E402
-
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.coreml import ane_buckets, export_bundle, general_lengths  # noqa: E402
 from laya.encoder.runtimes import mil  # noqa: E402
 from laya.errors import RuntimeUnavailable  # noqa: E402
 
@@ -126,7 +125,7 @@ def test_the_evaluator_names_an_operation_it_does_not_know(bundle, monkeypatch):
 
 @pytest.fixture(scope="module")
 def fp32_general(tmp_path_factory):
-    from laya.export.coreml import convert_general
+    from laya.encoder.export.coreml import convert_general
 
     path = tmp_path_factory.mktemp("coreml32") / "general.mlpackage"
     convert_general(load_checkpoint(SOURCE), path, "fp32")
@@ -135,7 +134,8 @@ def fp32_general(tmp_path_factory):
 
 def test_the_fp32_general_program_matches_its_torch_graph(fp32_general):
     import torch
-    from laya.export.coreml import general_module
+
+    from laya.encoder.export.coreml import general_module
 
     program, module = mil.Program(fp32_general), general_module(load_checkpoint(SOURCE))
     rng = np.random.default_rng(0)

@@ -14,11 +14,10 @@ from conftest import missing, need, smollm2
 
 llama_cpp = need("llama_cpp", "the [llama] extra is not installed")
 
-from laya.models.gguftest import write_tiny_gguf  # noqa: E402
-
 from laya.decide.llama import LlamaBackend  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, split_prompt  # noqa: E402
+from laya.testing.chat_gguf import write_tiny_gguf  # noqa: E402
 
 STATE = ("Customer message: Hi, I was charged twice for my subscription this month. The second charge "
          "appeared on the 3rd. Please refund the extra payment to my card. ")

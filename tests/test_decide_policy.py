@@ -8,6 +8,7 @@ from scripted_backend import BOS, END, MERGED_AB, ScriptedBackend
 
 from laya.decide.model import DecideModel, DecideSettings
 from laya.decide.policy import Decider, DecideRefused, PrefixCache, log_softmax, score, split_prompt
+from laya.request import Request
 
 LABELS = ["A", "B", "C"]
 
@@ -148,7 +149,7 @@ def test_the_engine_answers_what_it_prepared_without_tokenising_again():
                  "u": {"type": "noul", "instructions": "Urgent?"}}
     backend = CountingBackend(n_ctx=2000)
     engine = DecideEngine(DecideModel(backend, "scripted"))
-    job = engine.prepare(["refund please", "where is my parcel"], questions)
+    job = engine.prepare(Request.of(["refund please", "where is my parcel"], questions))
     prepared = backend.tokenised
     assert prepared > 0
     (first, second), = ([r.to_json() for r in results] for results in engine.execute([job]))
@@ -363,13 +364,13 @@ def test_past_max_levels_a_group_is_split_even_if_it_could_win():
 
 def test_the_decide_engine_refuses_an_overflow_policy_naming_why():
     from laya.decide.engine import DecideEngine
-    from laya.encoder.windows import Scan
     from laya.errors import QuestionError
+    from laya.request import Scan
 
     engine = DecideEngine(DecideModel(ScriptedBackend(n_ctx=2000), "scripted"))
     questions = {"u": {"type": "noul", "instructions": "Urgent?"}}
-    assert engine.prepare(["x"], questions, overflow=None)
+    assert engine.prepare(Request.of(["x"], questions, overflow=None))
     for overflow in ("keep_end", Scan(64, 32)):
         with pytest.raises(QuestionError, match="x_overflow is for encoder models") as caught:
-            engine.prepare(["x"], questions, overflow=overflow)
+            engine.prepare(Request.of(["x"], questions, overflow=overflow))
         assert caught.value.error_type == "invalid_overflow"

@@ -17,10 +17,11 @@ from laya.decide.engine import DecideEngine
 from laya.decide.metadata import choose_readout
 from laya.decide.model import DecideModel, DecideSettings
 from laya.decide.profiles import JSON_SYSTEM, PROFILES, make_profile
-from laya.engine import is_gguf, split_readout
+from laya.engines import is_gguf, split_readout
 from laya.errors import CheckpointError, QuestionError
 from laya.limits import Limits
 from laya.questions import parse_questions
+from laya.request import Request
 
 STATE = "I was charged twice"
 TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None}}
@@ -40,7 +41,7 @@ def model(readout: str, backend: ScriptedBackend | None = None, **settings) -> D
 
 
 def prompts(m: DecideModel, state, questions) -> dict[str, list]:
-    _, _, (planned,) = m.prepare([state], questions)
+    _, (planned,) = m.prepare_request(Request.of([state], questions))
     return {p.question.qid: list(p.prompts) for p in planned}
 
 
@@ -226,9 +227,8 @@ def test_a_choice_too_large_for_the_context_is_played_in_groups_that_fit(readout
     assert list(out["probabilities"]) == list(criteria)
     assert all(len(call) <= 400 for call in m.backend.prefill_calls)
     assert max(len(p) for p in m.backend.prefill_calls) > 0
-    plan = DecideEngine(model(readout, ScriptedBackend(n_ctx=400))).plan([STATE], {"q": {"type": "choice",
-                                                                                        "criteria": criteria}},
-                                                                         limits=Limits())
+    request = Request.of([STATE], {"q": {"type": "choice", "criteria": criteria}})
+    plan = DecideEngine(model(readout, ScriptedBackend(n_ctx=400))).plan(request, limits=Limits())
     game = plan["states"][0]["questions"]["q"]["tournament"]
     assert plan["refused"] is None and game["rows"] == plan["states"][0]["decisions"] >= 3
 
@@ -237,11 +237,11 @@ def test_a_tournament_asked_for_is_played_and_a_bad_group_refused():
     m = model("first-token")
     criteria = [f"o{i}" for i in range(10)]
     engine = DecideEngine(m)
-    job = engine.prepare([STATE], {"q": {"type": "choice", "criteria": criteria}}, tournament=4)
+    job = engine.prepare(Request.of([STATE], {"q": {"type": "choice", "criteria": criteria}}, tournament=4))
     (answers,) = engine.execute([job])
     assert answers[0].answers["q"].extras["x_tournament"]["groups"] == [3]
     with pytest.raises(QuestionError, match="tournament must be a group size"):
-        engine.prepare([STATE], {"q": {"type": "choice", "criteria": criteria}}, tournament=1)
+        engine.prepare(Request.of([STATE], {"q": {"type": "choice", "criteria": criteria}}, tournament=1))
 
 
 # --- which profile reads a model ------------------------------------------------------------------
@@ -316,7 +316,7 @@ RENDERED = {  # SmolLM2's ChatML, each profile's prompt for TEAM over a state th
 def test_smollm2_renders_each_profile_with_user_text_as_text(smol, readout):
     m = smol[readout]
     state = "Charged twice <|im_end|> ok"
-    _, _, (planned,) = m.prepare([state], {"team": TEAM, "urgent": URGENT})
+    _, (planned,) = m.prepare_request(Request.of([state], {"team": TEAM, "urgent": URGENT}))
     team = planned[0].prompts[0]
     n_tokens, n_prefix, text = RENDERED[readout]
     assert m.backend.llm.detokenize(team.tokens, special=True).decode() == text
@@ -347,9 +347,8 @@ def test_smollm2_answers_the_same_from_a_kept_state_as_from_a_fresh_one(smol, re
 
 def test_a_tiny_gguf_with_a_metadata_file_is_read_at_its_answer_slot_and_says_so(tmp_path):
     need("llama_cpp", "the [llama] extra is not installed")
-    from laya.models.gguftest import write_tiny_gguf
-
     from laya.decide.llama import open_gguf
+    from laya.testing.chat_gguf import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny-decider.gguf", n_ctx=512)
     (tmp_path / "tiny-decider.json").write_text(json.dumps({"profile": "decider", "temperature": 1.03}))
@@ -357,7 +356,7 @@ def test_a_tiny_gguf_with_a_metadata_file_is_read_at_its_answer_slot_and_says_so
     assert m.backend.n_ctx == 512  # the context it was trained for
     describe = DecideEngine(m).describe()["readout"]
     assert describe == {"name": "answer-slot", "calibrated": True, "from": "tiny-decider.json"}
-    _, _, (planned,) = m.prepare([STATE], {"team": TEAM})
+    _, (planned,) = m.prepare_request(Request.of([STATE], {"team": TEAM}))
     row = planned[0].prompts[0]
     text = ("Context:\nI was charged twice\n\nQuestion: Which team?\nOptions:\n(A) billing: refunds\n(B) sales\n"
             "Answer: (")
@@ -409,7 +408,7 @@ def test_the_probes_last_layer_reproduces_the_answers_logits(readout, tmp_path):
 
 
 def test_a_hostile_gguf_header_is_a_clear_error(tmp_path):
-    from laya.decide.gguf_header import read_scalars
+    from laya.native.gguf_header import read_scalars
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little"))

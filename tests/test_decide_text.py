@@ -15,11 +15,10 @@ from conftest import need, smollm2
 
 llama_cpp = need("llama_cpp", "the [llama] extra is not installed")
 
-from laya.models.gguftest import TEMPLATES, write_tiny_gguf  # noqa: E402
-
 from laya.decide.llama import LlamaBackend, split_at_specials  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.decide.policy import PrefixCache  # noqa: E402
+from laya.testing.chat_gguf import TEMPLATES, write_tiny_gguf  # noqa: E402
 
 
 def test_split_at_specials_cuts_inside_every_occurrence():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from laya.heads import decode
+from laya.decoding import decode
 from laya.questions import parse_question
 
 
@@ -54,7 +54,7 @@ def test_act_probability_is_the_first_output():
 def test_pairwise_sum_adds_in_numpys_order():
     """Decoding sums on plain floats; numpy's pairwise order keeps the answers' bits (a sequential sum
     differs from numpy's from 8 values on)."""
-    from laya.heads.floats import pairwise_sum
+    from laya.decoding.floats import pairwise_sum
 
     rng = np.random.default_rng(3)
     for n in [*range(1, 300), 511, 1000, 4099]:
@@ -65,7 +65,7 @@ def test_pairwise_sum_adds_in_numpys_order():
 def test_decoding_on_floats_equals_the_numpy_formulas():
     """Probabilities to a few ulps (numpy has its own `exp` on AVX-512), then every figure derived from
     them exactly as numpy computes it."""
-    from laya.calibration.confidence import choice_confidence, score_confidence
+    from laya.decoding.confidence import choice_confidence, score_confidence
 
     rng = np.random.default_rng(4)
     for n in (2, 3, 7, 8, 9, 17, 128, 129, 255):

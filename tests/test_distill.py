@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import need, smollm2
-from laya.models.routing_task import KEYWORDS, TEAMS, routing_lines
-from laya.models.testgen import TestCheckpointSpec as Spec
-from laya.models.testgen import write_test_checkpoint
 
 import laya
-from laya import distill, jsonl
+from laya.apps import distill, jsonl
+from laya.testing.checkpoints import TestCheckpointSpec as Spec
+from laya.testing.checkpoints import write_test_checkpoint
+from laya.testing.routing_task import KEYWORDS, TEAMS, routing_lines
 
 QUESTION = {"team": {"type": "choice", "instructions": "Which team should handle this message?",
                      "criteria": {t: None for t in TEAMS}}}

@@ -11,6 +11,7 @@ import pytest
 from fake_engine import ScriptedEngine
 
 from laya.errors import QuestionError
+from laya.request import Request
 from laya.server.remote import Batching, RemoteEngine
 
 URGENT = {"u": {"type": "noul", "instructions": "Urgent?"}}
@@ -25,17 +26,17 @@ def slow_remote():
 
 
 def test_prepare_only_packs_the_request(slow_remote):
-    job = slow_remote.prepare(["crash"], URGENT)  # the engine there would refuse it while preparing
-    assert slow_remote.rows(job) == 1 and job.token == 0 and job.link is None  # nothing was sent yet
+    job = slow_remote.prepare(Request.of(["crash"], URGENT))  # the engine there would refuse it while preparing
+    assert job.n_rows == 1 and job.token == 0 and job.link is None  # nothing was sent yet
     with pytest.raises(KeyError, match="an unexpected bug"):
         asyncio.run(slow_remote.submit(job))
 
 
 def test_an_idle_engine_starts_at_once_and_what_queued_meanwhile_runs_together(slow_remote):
     async def scenario():
-        first = asyncio.ensure_future(slow_remote.submit(slow_remote.prepare(["first"], URGENT)))
+        first = asyncio.ensure_future(slow_remote.submit(slow_remote.prepare(Request.of(["first"], URGENT))))
         await asyncio.sleep(0.1)  # the first is running: these three queue behind it
-        later = [asyncio.ensure_future(slow_remote.submit(slow_remote.prepare([s], URGENT))) for s in "abc"]
+        later = [asyncio.ensure_future(slow_remote.submit(slow_remote.prepare(Request.of([s], URGENT)))) for s in "abc"]
         return await first, await asyncio.gather(*later)
 
     (results, timing), later = asyncio.run(scenario())
@@ -48,14 +49,14 @@ def test_an_idle_engine_starts_at_once_and_what_queued_meanwhile_runs_together(s
 
 def test_a_refusal_found_while_running_comes_back_as_itself(slow_remote):
     with pytest.raises(QuestionError, match="refused while running"):
-        asyncio.run(slow_remote.submit(slow_remote.prepare(["refuse"], URGENT)))
+        asyncio.run(slow_remote.submit(slow_remote.prepare(Request.of(["refuse"], URGENT))))
 
 
 def test_a_request_cancelled_while_it_waits_is_not_run(slow_remote):
     async def scenario():
-        first = asyncio.ensure_future(slow_remote.submit(slow_remote.prepare(["first"], URGENT)))
+        first = asyncio.ensure_future(slow_remote.submit(slow_remote.prepare(Request.of(["first"], URGENT))))
         await asyncio.sleep(0.1)
-        waiting = slow_remote.prepare(["second"], URGENT)
+        waiting = slow_remote.prepare(Request.of(["second"], URGENT))
         second = asyncio.ensure_future(slow_remote.submit(waiting))
         await asyncio.sleep(0.05)  # it has reached the engine process and waits there
         waiting.cancelled.set()  # tells the engine process
@@ -69,9 +70,9 @@ def test_max_wait_makes_an_idle_engine_wait_for_company():
     engine = RemoteEngine(functools.partial(ScriptedEngine, name="patient"), batching=Batching(max_wait_ms=300))
     try:
         async def scenario():
-            first = asyncio.ensure_future(engine.submit(engine.prepare(["a"], URGENT)))
+            first = asyncio.ensure_future(engine.submit(engine.prepare(Request.of(["a"], URGENT))))
             await asyncio.sleep(0.05)
-            second = asyncio.ensure_future(engine.submit(engine.prepare(["b"], URGENT)))
+            second = asyncio.ensure_future(engine.submit(engine.prepare(Request.of(["b"], URGENT))))
             return await first, await second
 
         (_, one), (_, two) = asyncio.run(scenario())
@@ -84,7 +85,7 @@ def test_a_request_cancelled_while_it_runs_stops_there(slow_remote):
     """The cancel is read between states (forward passes) while the engine process runs it, with no
     thread there to read a message: it is on the board the HTTP side writes."""
     async def scenario():
-        job = slow_remote.prepare([f"s{i}" for i in range(10)], URGENT)  # 10 x 0.25 s
+        job = slow_remote.prepare(Request.of([f"s{i}" for i in range(10)], URGENT))  # 10 x 0.25 s
         running = asyncio.ensure_future(slow_remote.submit(job))
         await asyncio.sleep(0.4)
         job.cancelled.set()
@@ -92,7 +93,7 @@ def test_a_request_cancelled_while_it_runs_stops_there(slow_remote):
 
     results, timing = asyncio.run(scenario())
     assert results == [] and timing.inference_ms < 1500  # stopped after 2 or 3 states of 10
-    answered, _ = asyncio.run(slow_remote.submit(slow_remote.prepare(["next"], URGENT)))
+    answered, _ = asyncio.run(slow_remote.submit(slow_remote.prepare(Request.of(["next"], URGENT))))
     assert list(answered[0].answers) == ["u"]
 
 
@@ -115,7 +116,7 @@ def test_question_sets_kept_in_slots_answer_as_asked_past_every_slot():
         order = [*range(n), *range(50), *range(n - 50, n), 0, 0, 90, n, 90]
         for i in order:
             questions = parse_questions({f"q{i}": {"type": "noul"}, "u": URGENT["u"]})  # a fresh copy each time
-            results, _ = loop.run_until_complete(engine.submit(engine.prepare([f"s{i}"], questions)))
+            results, _ = loop.run_until_complete(engine.submit(engine.prepare(Request.of([f"s{i}"], questions))))
             assert list(results[0].answers) == [f"q{i}", "u"], i
         kinds = ["slot" if isinstance(q, int) else "kept" for q in sent]
         # the first n are new; 0..49 were pushed out by the last 40 and then each other (least recently
@@ -140,7 +141,7 @@ def test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answe
     long = "x" * (SMALL_PREPARE_CHARS + 1)
 
     async def scenario():
-        jobs = [engine.prepare([long] * (1 + i % 3) if i % 2 else [f"s{i}"], URGENT) for i in range(12)]
+        jobs = [engine.prepare(Request.of([long] * (1 + i % 3) if i % 2 else [f"s{i}"], URGENT)) for i in range(12)]
         return await asyncio.wait_for(asyncio.gather(*(engine.submit(job) for job in jobs)), 30)
 
     try:
@@ -158,6 +159,7 @@ def test_a_slot_holds_its_limits_too():
     are four times the server's) whatever was asked before it."""
     from laya.limits import LimitExceeded, Limits
     from laya.questions import parse_questions
+    from laya.request import DEFAULT_OPTIONS
 
     engine = RemoteEngine(functools.partial(ScriptedEngine, name="limits"))
     loop = asyncio.new_event_loop()
@@ -166,7 +168,7 @@ def test_a_slot_holds_its_limits_too():
     questions = parse_questions({"a": {"type": "noul"}, **URGENT})  # two rows a state
 
     def ask(limits: Limits) -> str:
-        job = engine.prepare(["state"], parse_questions({"a": {"type": "noul"}, **URGENT}), limits=limits)
+        job = engine.prepare(Request.of(["state"], parse_questions({"a": {"type": "noul"}, **URGENT})), limits=limits)
         try:
             loop.run_until_complete(engine.submit(job))
         except LimitExceeded:
@@ -176,7 +178,8 @@ def test_a_slot_holds_its_limits_too():
     try:
         assert [ask(lim) for lim in (loose, tight, loose, tight, loose)] == \
             ["answered", "refused", "answered", "refused", "answered"]
-        assert list(engine._link.known) == [(tuple(questions), tight), (tuple(questions), loose)]  # loose asked last
+        kept = [(tuple(questions), DEFAULT_OPTIONS, tight), (tuple(questions), DEFAULT_OPTIONS, loose)]
+        assert list(engine._link.known) == kept  # loose asked last
     finally:
         engine.close()
         loop.close()
@@ -196,7 +199,7 @@ def test_every_question_type_crosses_kept_then_by_slot():
                 "u": URGENT["u"]}
         for _ in range(2):
             questions = parse_questions(spec)
-            results, _ = loop.run_until_complete(engine.submit(engine.prepare(["state"], questions)))
+            results, _ = loop.run_until_complete(engine.submit(engine.prepare(Request.of(["state"], questions))))
             assert list(results[0].answers) == ["c", "s", "u"]
         assert list(engine._link.known.values()) == [0]  # one set, one slot, asked twice
     finally:

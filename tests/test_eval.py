@@ -13,7 +13,7 @@ import pytest
 from conftest import need
 from live_server import LiveServer
 
-from laya import evaluation, jsonl
+from laya.apps import evaluation, jsonl
 from laya.calibration.data import read_records
 
 QUESTIONS = {
@@ -78,7 +78,7 @@ def recomputed(records, outcomes, precision: float) -> dict:
 
 def test_two_methods_side_by_side_with_figures_a_test_recomputes(data, checkpoint_dir, tmp_path):
     need("llama_cpp", "the [llama] extra is not installed")
-    from laya.models.gguftest import write_tiny_gguf
+    from laya.testing.chat_gguf import write_tiny_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", n_ctx=1024)
     report = tmp_path / "report.json"

@@ -26,13 +26,12 @@ from conftest import GOLDEN, load_quiet, need
 
 need("gguf", "the [llama] extra is not installed")
 
-from laya.export.laya_gguf import export, write_laya_gguf  # noqa: E402
-
 import laya  # noqa: E402
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.laya_gguf import export, write_laya_gguf  # noqa: E402
 from laya.encoder.gguf_file import decision_type, unpack  # noqa: E402
+from laya.encoder.head_layout import NO_ACT_HEAD  # noqa: E402
 from laya.encoder.rows import build_rows  # noqa: E402
-from laya.heads.layout import NO_ACT_HEAD  # noqa: E402
 from laya.questions import parse_questions  # noqa: E402
 
 RECORD = json.loads((GOLDEN / "answers.json").read_text(encoding="utf-8"))
@@ -227,7 +226,7 @@ def test_reduced_types_are_gated_on_the_file_and_served_by_stock_llama_cpp(tmp_p
         gate = written["gate"]
         assert gate["passed"] and gate["precision"] == kind and gate["max_dp"] > 0
         reader = gguf.GGUFReader(str(tmp_path / f"m-{kind}.gguf"))
-        assert json.loads(reader.fields["laya.gate"].contents())["max_dp"] == gate["max_dp"]
+        assert json.loads(reader.fields["laya.encoder.gate"].contents())["max_dp"] == gate["max_dp"]
         assert {t.tensor_type.name for t in reader.tensors} >= {tensor_type, "F32"}
         model = laya.load(tmp_path / f"m-{kind}.gguf")
         assert model.runtime.precision == kind and model.runtime.gate["max_dp"] == gate["max_dp"]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from hub_standin import HubStandIn
-from laya.models.registry import REGISTRY
 from live_server import free_port
 
 from laya.encoder.checkpoint import sha256_of
+from laya.encoder.registry import REGISTRY
 
 ENTRY = REGISTRY["laya-multilingual"]
 QUESTIONS = {"u": {"type": "noul", "instructions": "Urgent?"}}
@@ -31,7 +31,7 @@ def run_load(hf_home: Path, endpoint: str, pin: str | None, *, offline: bool = F
     code = (
         "import dataclasses, json, warnings; warnings.simplefilter('ignore')\n"
         "import laya\n"
-        "from laya.models import registry\n"
+        "from laya.encoder import registry\n"
         f"pin = {pin!r}\n"
         "if pin:\n"
         "    entry = registry.REGISTRY['laya-multilingual']\n"

@@ -9,9 +9,9 @@ need("onnxruntime", "the [onnx] extra is not installed")
 need("onnx", "the [export] extra is not installed")
 
 import onnx  # noqa: E402
-from laya.export.onnx import INT8_FP32_LAYERS, export_bundle  # noqa: E402
 
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.onnx import INT8_FP32_LAYERS, export_bundle  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["modernbert", "mmbert"])

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from live_server import LiveServer
 
-from laya import jsonl
+from laya.apps import jsonl
 from laya.cli import main
 from laya.encoder.engine import EncoderEngine
 from laya.server.app import ServerConfig, create_app

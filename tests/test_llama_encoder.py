@@ -17,13 +17,13 @@ need("llama_cpp", "the [llama] extra is not installed")
 need("gguf", "the [llama] extra is not installed")
 
 import gguf  # noqa: E402
-from laya.export.gguf import check_expressible, export_bundle  # noqa: E402
 
 import laya  # noqa: E402
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.gguf import check_expressible, export_bundle  # noqa: E402
+from laya.encoder.gate import GateFailed  # noqa: E402
 from laya.encoder.runtimes import llama as runtime  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
-from laya.gate import GateFailed  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
 QUESTIONS = BUNDLE_QUESTIONS
@@ -126,7 +126,7 @@ def test_an_encoder_llama_cpp_cannot_run_is_refused_naming_what():
 def test_an_encoder_with_only_global_layers_runs(tmp_path):
     """One layer, so no local one: llama.cpp aborts on a window mask that no layer reads, so none is
     written; the answers are the reference's."""
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     folder = write_test_checkpoint(tmp_path / "one-layer", TestCheckpointSpec(flavour="mmbert", num_layers=1))
     keys, _ = fields(export_bundle(load_checkpoint(folder), tmp_path / "b") and tmp_path / "b" / "encoder.gguf")
@@ -252,7 +252,7 @@ def test_the_full_mmbert_base_shape_matches_the_reference(tmp_path_factory):
     tokens. The weights give attention logits a spread of 1 (`attention_logit_std`): with the
     generator's default Wqkv at this width attention is one-hot and the random network chaotic, where
     any two fp32 implementations drift apart (ONNX fp32 against torch: 2e-3 at 10 layers)."""
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     spec = TestCheckpointSpec(flavour="mmbert", hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
                               local_attention=128, max_len=1024, head_max_len=256, vocab_size=256000, seed=3,

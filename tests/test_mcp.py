@@ -28,7 +28,7 @@ from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
-from laya.agents.mcp import LOAD_DELAY_ENV, QID, choice_body, noul_body, score_body  # noqa: E402
+from laya.apps.mcp import LOAD_DELAY_ENV, QID, choice_body, noul_body, score_body  # noqa: E402
 
 MCP = [sys.executable, "-m", "laya.cli", "mcp"]
 TOOLS = {"choice", "score", "noul", "predict", "decide", "plan", "models"}

@@ -18,7 +18,7 @@ import anyio.from_thread  # noqa: E402
 from generators import question, questions, request, schema, texts, values  # noqa: E402
 from mcp import Client  # noqa: E402
 
-from laya.agents.mcp import Loader, LocalBackend, build_server  # noqa: E402
+from laya.apps.mcp import Loader, LocalBackend, build_server  # noqa: E402
 from laya.encoder.engine import EncoderEngine  # noqa: E402
 
 INTERNAL = re.compile(r"Traceback|\b(TypeError|KeyError|AttributeError|IndexError|RecursionError|"

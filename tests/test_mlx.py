@@ -12,10 +12,9 @@ from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, need, predict_without
 need("mlx.core", "the [mlx] extra is not installed")
 pytestmark = pytest.mark.mlx
 
-from laya.export.mlx import export_bundle  # noqa: E402
-
 import laya  # noqa: E402
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.mlx import export_bundle  # noqa: E402
 from laya.encoder.runtimes.mlx import MlxRuntime, mlx_length  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
 

@@ -124,7 +124,7 @@ def test_policy_modules_import_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, laya, laya.encoder.model, laya.encoder.rows, laya.encoder.batch, laya.heads.decode, "
+    code = ("import sys, laya, laya.encoder.model, laya.encoder.rows, laya.encoder.batch, laya.decoding.decode, "
             "laya.calibration.temperatures, laya.questions, laya.encoder.checkpoint, laya.cli; "
             "bad = [m for m in ('torch', 'transformers', 'onnxruntime', 'mlx') if m in sys.modules]; "
             "assert not bad, bad")

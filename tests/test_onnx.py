@@ -10,12 +10,11 @@ from conftest import BUNDLE_QUESTIONS, GOLDEN, load_quiet, need, predict_without
 
 need("onnxruntime", "the [onnx] extra is not installed")
 
-from laya.export.onnx import export_bundle  # noqa: E402
-
 import laya  # noqa: E402
 from laya.encoder.checkpoint import load_checkpoint  # noqa: E402
+from laya.encoder.export.onnx import export_bundle  # noqa: E402
+from laya.encoder.gate import GateFailed  # noqa: E402
 from laya.errors import CheckpointError  # noqa: E402
-from laya.gate import GateFailed  # noqa: E402
 
 SOURCE = GOLDEN / "checkpoints" / "mmbert"
 QUESTIONS = BUNDLE_QUESTIONS

@@ -1,4 +1,4 @@
-"""Keys go only where they were given (laya/outbound.py): a URL a command names is sent its own key, from
+"""Keys go only where they were given (laya/apps/outbound.py): a URL a command names is sent its own key, from
 its own option, never `LAYA_API_KEY` (the key `laya serve` guards itself with); no key crosses the
 network in clear; and what such a server answers is read up to a cap."""
 
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from laya import outbound
+from laya.apps import outbound
 from laya.cli import main
 from laya.errors import LayaError
 
@@ -92,7 +92,7 @@ def test_eval_sends_each_url_its_own_key(tmp_path, monkeypatch):
 
 
 def test_distill_sends_the_teacher_its_own_key_only(tmp_path, monkeypatch):
-    from laya.distill import collect, read_states
+    from laya.apps.distill import collect, read_states
 
     monkeypatch.setenv("LAYA_API_KEY", "the-servers-own-key")
     states = read_states(lines(tmp_path / "states.jsonl", 2), QUESTIONS)
@@ -124,7 +124,7 @@ def test_a_remote_key_over_plain_http_is_refused_before_anything_is_sent(tmp_pat
 
 
 def test_an_answer_past_the_cap_is_refused(tmp_path, monkeypatch):
-    from laya import jsonl
+    from laya.apps import jsonl
 
     monkeypatch.setattr(outbound, "MAX_RESPONSE_BYTES", 4096)
     with Recorder(padding=10_000) as big, Recorder() as small:

@@ -22,19 +22,12 @@ from live_server import free_port, wait_ready
 from parity_targets import bound_of  # each precision's bound against the reference (the test's own figures)
 
 ROOT = Path(__file__).resolve().parents[1]
-# repository folder -> where it installs
-INSTALLED_AS = {"laya": "laya", "models": "laya/models", "export": "laya/export"}
 EXTRAS = "torch,onnx,export,serve,llama,ray"
 
 
 def tracked_package_files() -> list[str]:
-    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", *INSTALLED_AS], capture_output=True, check=True)
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "laya"], capture_output=True, check=True)
     return [p for p in out.stdout.decode().split("\0") if p]
-
-
-def installed_path(rel: str) -> str:
-    top, _, rest = rel.partition("/")
-    return f"{INSTALLED_AS[top]}/{rest}"
 
 
 @pytest.fixture(scope="session")
@@ -57,11 +50,11 @@ def dists(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_wheel_holds_every_package_and_data_file(dists):
     names = set(zipfile.ZipFile(dists["wheel"]).namelist())
-    missing = [rel for rel in tracked_package_files() if installed_path(rel) not in names]
+    missing = [rel for rel in tracked_package_files() if rel not in names]
     assert not missing, f"tracked files missing from the wheel: {missing}"
     # what once went missing: the server, the decide engine, the demo page, the generators' data
     for path in ("laya/server/app.py", "laya/decide/llama.py", "laya/server/static/index.html",
-                 "laya/models/corpus.txt", "laya/export/onnx.py"):
+                 "laya/testing/corpus.txt", "laya/py.typed", "laya/encoder/export/onnx.py"):
         assert path in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
@@ -71,7 +64,7 @@ def test_the_sdist_holds_every_package_and_data_file(dists):
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     missing = [rel for rel in tracked_package_files() if rel not in names]
     assert not missing, f"tracked files missing from the sdist: {missing}"
-    assert {"pyproject.toml", "setup.py", "README.md"} <= names
+    assert {"pyproject.toml", "README.md"} <= names
 
 
 def _env() -> dict[str, str]:
@@ -119,14 +112,14 @@ def run(venv: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.C
 @pytest.mark.slow
 def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
     venv, work = fresh_env, tmp_path
-    where = run(venv, "python", "-c", "import laya, laya.server.app, laya.decide.llama, laya.export.onnx; "
+    where = run(venv, "python", "-c", "import laya, laya.server.app, laya.decide.llama, laya.encoder.export.onnx; "
                                       "print(laya.__file__)", cwd=work)
     assert where.returncode == 0, where.stderr
     location = Path(where.stdout.strip()).resolve()
     assert location.is_relative_to(venv.resolve()) and not location.is_relative_to(ROOT)
     assert run(venv, "laya", "--help", cwd=work).returncode == 0
 
-    made = run(venv, "python", "-m", "laya.models.testgen", "ck", cwd=work)
+    made = run(venv, "python", "-m", "laya.testing.checkpoints", "ck", cwd=work)
     assert made.returncode == 0, made.stderr
     info = run(venv, "laya", "info", "ck", "--json", cwd=work)
     assert info.returncode == 0, info.stderr
@@ -165,7 +158,7 @@ def test_the_installed_wheel_runs_every_command(fresh_env, tmp_path):
 def test_the_installed_wheel_serves_both_engines(fresh_env, tmp_path, how):
     """`laya serve`, and `laya serve --ray` (a local Ray cluster, each model a deployment)."""
     venv, work = fresh_env, tmp_path
-    assert run(venv, "python", "-m", "laya.models.testgen", "ck", cwd=work).returncode == 0
+    assert run(venv, "python", "-m", "laya.testing.checkpoints", "ck", cwd=work).returncode == 0
     gguf = run(venv, "python", "-c", "from laya.server.serve import smollm2_gguf; print(smollm2_gguf())", cwd=work)
     assert gguf.returncode == 0 and gguf.stdout.strip().endswith(".gguf"), gguf.stdout + gguf.stderr
     port = free_port()

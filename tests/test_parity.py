@@ -17,10 +17,10 @@ import pytest
 from conftest import GOLDEN, load_quiet, need
 from parity_targets import REFERENCE, as_ran, bound_of, installed_targets
 
+from laya.encoder.gate import GateFailed, describe
 from laya.encoder.rows import build_rows
 from laya.errors import QuestionError
-from laya.gate import GateFailed, describe
-from laya.hardware import Cpu
+from laya.native.cpu import Cpu
 from laya.questions import parse_questions
 
 RECORD = json.loads((GOLDEN / "answers.json").read_text(encoding="utf-8"))
@@ -179,7 +179,7 @@ def subset(question: dict, keep: list[int]) -> dict:
 
 def round_margins(reference, case: dict, qid: str) -> list[float]:
     """Top-two margins of every first-round group, read by the reference runtime."""
-    from laya.encoder.tournament import groups_of
+    from laya.tournament import groups_of
 
     question = case["questions"][qid]
     groups = groups_of(list(range(len(question["criteria"]))), TOURNAMENT["upstream"]["group_size"])
@@ -289,7 +289,7 @@ def test_against_reference(target, flavour, request):
     print(f"\n{ran.id}{note} {flavour}: max |dp| {worst:.2e} (bound {ran.max_dp:g})")
 
 
-# Processor kinds this machine may not be, as laya.hardware describes them: auto's choice follows them.
+# Processor kinds this machine may not be, as laya.native.cpu describes them: auto's choice follows them.
 MACHINES = {
     "avx2": Cpu("parity: AVX2 only", "x86_64", frozenset({"avx", "avx2", "fma"})),
     "avx512-bf16": Cpu("parity: AVX-512 with bf16", "x86_64", frozenset({"avx2", "avx512f", "avx512_bf16"})),
@@ -304,7 +304,7 @@ def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monk
     is compared with the reference at the bound of the precision auto chose there, never at a bound
     fixed in advance; fp32 allows no flip."""
     need("onnxruntime", "the [onnx] extra is not installed")  # auto's choice without bf16 units
-    from laya import choice
+    from laya.encoder import choice
     from laya.encoder.runtimes import packed
 
     fake = MACHINES[machine]
@@ -323,7 +323,7 @@ def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monk
 def test_auto_on_amx_puts_packed_bf16_first(checkpoint_dir):
     """AMX counts as bf16 units: auto tries packed bf16 first there, held to bf16's bound (the load and
     the comparison are those of the AVX-512 bf16 case above)."""
-    from laya import choice
+    from laya.encoder import choice
     from laya.encoder.checkpoint import load_checkpoint
 
     amx = MACHINES["amx"]

@@ -1,4 +1,4 @@
-"""Where a forward pass's threads run (laya.encoder.runtimes.placement): one core each when the pool
+"""Where a forward pass's threads run (laya.native.placement): one core each when the pool
 takes every core, nothing pinned otherwise, the calling thread pinned only for its call."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 import pytest
 from conftest import need
 
-from laya.encoder.runtimes import placement
-from laya.encoder.runtimes.placement import Placement, plan
+from laya.native import placement
+from laya.native.placement import Placement, plan
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="thread affinity (os.sched_getaffinity) is Linux's")
 
@@ -125,9 +125,8 @@ def test_the_engine_process_keeps_its_forward_thread_on_one_core(checkpoint_dir)
 
 def test_the_onnx_runtime_pins_its_pool_when_it_takes_every_core(monkeypatch, tmp_path):
     need("onnxruntime")
-    from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
     import laya
+    from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     folder = write_test_checkpoint(tmp_path / "ckpt", TestCheckpointSpec())
     cores = placement.one_per_core()

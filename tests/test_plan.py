@@ -19,11 +19,11 @@ from scripted_backend import ScriptedBackend
 from laya.decide.engine import DecideEngine
 from laya.decide.model import DecideModel
 from laya.encoder.engine import EncoderEngine
-from laya.encoder.windows import Scan
 from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.plan import HEADROOM
 from laya.questions import parse_questions
+from laya.request import Request, Scan
 from laya.server.app import ServerConfig, create_app
 
 ANSWERS = json.loads((GOLDEN / "answers.json").read_text(encoding="utf-8"))
@@ -43,7 +43,7 @@ def golden_engine(name: str, record: str) -> EncoderEngine:
 
 def forward(engine, states, questions, **options):
     """What the forward pass reports per state: input_tokens and x_usage."""
-    job = engine.prepare(states, parse_questions(questions), **options)
+    job = engine.prepare(Request.of(states, parse_questions(questions), **options))
     return engine.execute([job])[0]
 
 
@@ -68,11 +68,16 @@ def test_the_plan_is_what_the_forward_pass_uses_on_the_golden_cases(case):
     try:
         responses = forward(engine, [case["state"]], case["questions"])
     except QuestionError as exc:  # refused by the contract (test_parity names them): the plan says so
-        plan = engine.plan([case["state"]], case["questions"], limits=Limits())
+        try:
+            request = Request.of([case["state"]], case["questions"])
+        except QuestionError as invalid:  # refused before any engine sees it (a 422 at the server's door)
+            assert (invalid.error_type, str(invalid)) == (exc.error_type, str(exc))
+            return
+        plan = engine.plan(request, limits=Limits())
         assert plan["refused"]["error_type"] == exc.error_type and plan["refused"]["message"] == str(exc)
         assert plan["states"] == [] and plan["refused"]["status"] in (413, 422)
         return
-    plan = engine.plan([case["state"]], case["questions"], limits=Limits())
+    plan = engine.plan(Request.of([case["state"]], case["questions"]), limits=Limits())
     assert_plan_is_the_forward(plan, responses)
     assert plan["input_tokens"] == case["response"]["usage"]["input_tokens"]  # upstream's count
     state = plan["states"][0]
@@ -96,7 +101,7 @@ def test_a_tournament_plan_counts_every_row_and_bounds_the_later_tokens(case):
     # upstream's predict_tournament in groups of 16; a choice too large for the row always is one
     options = {} if "error" in case else {"tournament": TOURNAMENTS["upstream"]["group_size"]}
     responses = forward(engine, [case["state"]], case["questions"], **options)
-    plan = engine.plan([case["state"]], case["questions"], limits=Limits(), **options)
+    plan = engine.plan(Request.of([case["state"]], case["questions"], **options), limits=Limits())
     assert_plan_is_the_forward(plan, responses, exact=False)
     games = [q for q in plan["states"][0]["questions"].values() if "tournament" in q]
     assert games and all(g["tournament"]["later_rows"] >= 1 for g in games)
@@ -107,7 +112,7 @@ def test_scans_kept_ends_and_several_states(model):
     questions = {"team": ROUTE, "u": URGENT}
     for options in ({}, {"overflow": "keep_end"}, {"overflow": Scan()}, {"overflow": Scan(window=64, stride=32)}):
         states = [LONG, "short", [{"role": "user", "content": LONG}]]
-        plan = engine.plan(states, parse_questions(questions), limits=Limits(), **options)
+        plan = engine.plan(Request.of(states, parse_questions(questions), **options), limits=Limits())
         assert_plan_is_the_forward(plan, forward(engine, states, questions, **options))
         dropped = [s["dropped"] for s in plan["states"]]
         if not options:
@@ -122,16 +127,17 @@ def test_limits_near_and_over_are_told_and_the_refusal_is_the_forward_passs(mode
     engine = EncoderEngine(model)
     questions = parse_questions({"team": ROUTE, "u": URGENT})
     limits = Limits(max_rows=5)
-    near = engine.plan(["a", "b"], questions, limits=limits)  # 4 rows of 5
+    near = engine.plan(Request.of(["a", "b"], questions), limits=limits)  # 4 rows of 5
     assert near["limits"]["rows"] == {"value": 4, "max": 5, "flag": "--max-rows", "status": "near"}
     assert near["near"] == ["rows"] and near["over"] == [] and near["refused"] is None
-    over = engine.plan(["a", "b", "c"], questions, limits=limits)  # 6 rows: counted, and refused as the forward is
+    # 6 rows: counted, and refused as the forward is
+    over = engine.plan(Request.of(["a", "b", "c"], questions), limits=limits)
     with pytest.raises(QuestionError) as refused:
-        engine.prepare(["a", "b", "c"], questions, limits=limits)
+        engine.prepare(Request.of(["a", "b", "c"], questions), limits=limits)
     assert over["over"] == ["rows"] and len(over["states"]) == 3
     assert over["refused"] == {"status": 413, "error_type": refused.value.error_type, "message": str(refused.value)}
     # far past the limit (the rows themselves are bounded by --max-rows and the row length)
-    tokens = engine.plan(["x " * 200] * 20, questions, limits=Limits(max_tokens=1000))
+    tokens = engine.plan(Request.of(["x " * 200] * 20, questions), limits=Limits(max_tokens=1000))
     assert tokens["over"] == ["tokens"] and tokens["limits"]["tokens"]["value"] > 1000 * HEADROOM
     assert "at most 1000 (--max-request-tokens)" in tokens["refused"]["message"]  # told against the real limit
 
@@ -139,15 +145,15 @@ def test_limits_near_and_over_are_told_and_the_refusal_is_the_forward_passs(mode
 def test_the_decide_engine_plans_its_prompts(tmp_path):
     engine = DecideEngine(DecideModel(ScriptedBackend(), "scripted"))
     questions = {"team": ROUTE, "u": URGENT}
-    plan = engine.plan(["my card was charged twice"], parse_questions(questions), limits=Limits())
-    job = engine.prepare(["my card was charged twice"], parse_questions(questions))
+    plan = engine.plan(Request.of(["my card was charged twice"], parse_questions(questions)), limits=Limits())
+    job = engine.prepare(Request.of(["my card was charged twice"], parse_questions(questions)))
     state = plan["states"][0]
     assert plan["engine"] == "decide" and plan["runtime"] == "llama.cpp" and not plan["input_tokens_exact"]
     assert state["questions"]["team"]["prompt_tokens"] == [len(p.tokens) for p in job.planned[0][0].prompts]
     assert state["decisions"] == sum(len(p.prompts) for p in job.planned[0])
     assert plan["limits"]["decisions"]["value"] == state["decisions"]
     assert state["input_tokens"] >= engine.execute([job])[0][0].input_tokens  # a kept prefix reads fewer
-    too_long = engine.plan(["word " * 5000], parse_questions(questions), limits=Limits())
+    too_long = engine.plan(Request.of(["word " * 5000], parse_questions(questions)), limits=Limits())
     assert too_long["refused"]["status"] == 413 and "context holds" in too_long["refused"]["message"]
 
 
@@ -165,7 +171,7 @@ def test_the_plan_route(plan_server, model):
     questions = {"team": ROUTE, "u": URGENT}
     r = post_plan(plan_server, {"state": LONG, "questions": questions})
     assert r.status_code == 200, r.text
-    direct = EncoderEngine(model).plan([LONG], parse_questions(questions), limits=Limits(max_states=4))
+    direct = EncoderEngine(model).plan(Request.of([LONG], parse_questions(questions)), limits=Limits(max_states=4))
     assert r.json() == direct
     answered = httpx.post(plan_server.url + "/v1/systemone", json={"state": LONG, "questions": questions}).json()
     assert r.json()["states"][0]["input_tokens"] == answered["usage"]["input_tokens"]
@@ -190,10 +196,10 @@ def test_the_plan_through_the_engine_process(checkpoint_dir, model):
                                             ServeOptions(runtime="torch", threads=1)))
     try:
         questions = parse_questions({"team": ROUTE, "u": URGENT})
-        got = remote.plan([LONG, "b"], questions, limits=Limits(), tournament=2)
-        want = EncoderEngine(model).plan([LONG, "b"], questions, limits=Limits(), tournament=2)
+        got = remote.plan(Request.of([LONG, "b"], questions, tournament=2), limits=Limits())
+        want = EncoderEngine(model).plan(Request.of([LONG, "b"], questions, tournament=2), limits=Limits())
         assert {k: v for k, v in got.items() if k != "model"} == {k: v for k, v in want.items() if k != "model"}
-        refused = remote.plan(["x"] * 3, questions, limits=Limits(max_rows=2))
+        refused = remote.plan(Request.of(["x"] * 3, questions), limits=Limits(max_rows=2))
         assert refused["refused"]["error_type"] == "max_rows_exceeded"
     finally:
         remote.close()

@@ -1,4 +1,4 @@
-"""The precision standard (laya/gate.py) on the adversarial checkpoint (laya.models.testgen.ADVERSARIAL:
+"""The precision standard (laya/encoder/gate.py) on the adversarial checkpoint (laya.testing.checkpoints.ADVERSARIAL:
 attention that depends on content, answers mid-range, where rounding moves answers most): each reduced
 precision the packed runtime offers is judged by the same bounds, the gate picks the plan that holds
 them, and the rules themselves (the flip margin, batch dependence) are pinned on made-up answers.
@@ -13,10 +13,10 @@ from conftest import need
 
 from laya.encoder.batch import collate
 from laya.encoder.checkpoint import load_checkpoint
+from laya.encoder.gate import BOUNDS, ENVELOPE, gate_rows, judge, measure
 from laya.encoder.runtimes import pytorch
 from laya.encoder.runtimes.packed import PackedRuntime, RowByRow, _eager
 from laya.encoder.runtimes.rownet import Plan, RowNet
-from laya.gate import BOUNDS, ENVELOPE, gate_rows, judge, measure
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def adversarial(adversarial_dir):
 def test_the_adversarial_checkpoint_answers_mid_range(adversarial):
     """What makes it hard: no answer is near-certain, so every change of a logit shows."""
     from laya.calibration.temperatures import Temperatures
-    from laya.heads.decode import probabilities
+    from laya.decoding.decode import probabilities
 
     checkpoint, reference = adversarial
     temps = Temperatures.from_raw(checkpoint.config.temperature, checkpoint.config.temperature_by_options,
@@ -110,7 +110,7 @@ def test_reducing_the_first_layer_costs_the_most_accuracy(adversarial):
 def test_int8_holds_its_bound_on_the_adversarial_checkpoint(adversarial, tmp_path):
     need("onnxruntime", "the [onnx] extra is not installed")
     need("onnx", "the [export] extra is not installed")
-    from laya.export.onnx import export_bundle
+    from laya.encoder.export.onnx import export_bundle
 
     checkpoint, _ = adversarial
     gate = export_bundle(checkpoint, tmp_path, int8=True)["gate"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from laya.api import ApiError, parse_systemone
+from laya.api import ApiError
 from laya.errors import QuestionError
 from laya.questions import check_state, parse_question, parse_questions
+from laya.request import parse_request
 
 # The one rule set (System One contract where upstream laya is looser): each malformed question, the
 # problem's location inside the request, and a piece of the message the library raises.
@@ -54,7 +55,7 @@ def test_the_server_refuses_exactly_what_the_library_refuses(spec, where, messag
     if spec == {"type": "noul", "instructions": object()}:
         return  # not JSON: no HTTP body can carry it
     with pytest.raises(ApiError) as info:
-        parse_systemone({"state": "s", "questions": {"my-question": spec}})
+        parse_request({"state": "s", "questions": {"my-question": spec}})
     assert info.value.status == 422
     first = info.value.detail[0]
     assert first["loc"] == ["body", "questions", "my-question", *where] and message in first["msg"]
@@ -71,14 +72,14 @@ def test_the_server_refuses_exactly_what_the_library_refuses(spec, where, messag
 ])
 def test_both_surfaces_accept_the_same_valid_questions(spec):
     question = parse_question("q", spec)
-    request = parse_systemone({"state": "s", "questions": {"q": spec}})
+    request = parse_request({"state": "s", "questions": {"q": spec}})
     assert parse_questions(request.questions) == [question]
 
 
 def test_every_problem_is_listed_by_the_server_and_counted_by_the_library():
     questions = {"a": {"type": "choice", "criteria": ["x"]}, "b": {"type": "score", "criteria": ["y"]}}
     with pytest.raises(ApiError) as info:
-        parse_systemone({"state": "s", "questions": questions})
+        parse_request({"state": "s", "questions": questions})
     assert [d["loc"][2] for d in info.value.detail] == ["a", "b"]
     with pytest.raises(QuestionError, match=r"question 'a'.*\(and 1 more problem\)"):
         parse_questions(questions)
@@ -118,10 +119,10 @@ def test_state_must_be_text_object_or_list(state):
 
 
 def test_a_remembered_question_set_is_the_one_asked_and_a_refused_one_is_never_remembered():
-    """The server remembers validated question sets by their JSON (laya.api.VALIDATED): values that
+    """The server remembers validated question sets by their JSON (laya.request.VALIDATED): values that
     differ only in type (1, 1.0, true, "1") or key order are different sets, each validated on its
     own; a set with a problem is refused every time it comes."""
-    from laya.api import ValidatedQuestions
+    from laya.request import ValidatedQuestions
 
     remember = ValidatedQuestions(size=4)
     base = {"a": {"type": "choice", "criteria": {"x": "one", "y": "two"}}, "b": {"type": "noul"}}
@@ -140,7 +141,7 @@ def test_a_remembered_question_set_is_the_one_asked_and_a_refused_one_is_never_r
         assert [q.qid for q in remember({f"q{i}": {"type": "noul"}}, [])] == [f"q{i}"]
     assert remember(base, []) == first
     with pytest.raises(ApiError):  # the server's path refuses as the library does
-        parse_systemone({"state": "s", "questions": {"s": {"type": "score", "criteria": ["low", 2]}}},
+        parse_request({"state": "s", "questions": {"s": {"type": "score", "criteria": ["low", 2]}}},
                         from_json=True)
 
 

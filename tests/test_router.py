@@ -12,8 +12,8 @@ from live_server import LiveServer
 import laya
 from laya.encoder.engine import EncoderEngine
 from laya.errors import LayaError, QuestionError
-from laya.router import Router, roles_of
 from laya.routing import route
+from laya.routing.router import Router, roles_of
 from laya.server.app import ServerConfig, create_app
 
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Urgent?"},

@@ -10,8 +10,9 @@ import pytest
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
-from laya.api import ApiError, parse_systemone
+from laya.api import ApiError
 from laya.limits import Limits
+from laya.request import parse_request
 from laya.schema import request_schema
 from laya.server.app import ServerConfig, create_app
 
@@ -95,7 +96,7 @@ BATCH_REFUSED = [{"states": [], "questions": {"q": NOUL}}, {"states": ["a"] * 4,
 
 def validates(value, batch: bool) -> bool:
     try:
-        parse_systemone(value, batch=batch, limits=LIMITS)
+        parse_request(value, batch=batch, limits=LIMITS)
         return True
     except ApiError:
         return False

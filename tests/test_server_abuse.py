@@ -185,10 +185,9 @@ def test_with_an_api_key_any_host_name_is_served(model):
 @pytest.fixture(scope="module")
 def decide_live(tmp_path_factory):
     need("llama_cpp", "the [llama] extra is not installed")
-    from laya.models.gguftest import write_tiny_gguf
-
     from laya.decide.engine import DecideEngine
     from laya.decide.llama import open_gguf
+    from laya.testing.chat_gguf import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     engine = DecideEngine(open_gguf(path, name="chat", n_ctx=1024, threads=2))

@@ -9,14 +9,13 @@ from live_server import LiveServer
 
 need("llama_cpp", "the [llama] extra is not installed")
 
-from laya.models.gguftest import write_tiny_gguf  # noqa: E402
-
 from laya.decide.engine import DecideEngine  # noqa: E402
 from laya.decide.llama import LlamaBackend  # noqa: E402
 from laya.decide.model import DecideModel  # noqa: E402
 from laya.encoder.engine import EncoderEngine  # noqa: E402
 from laya.server.app import create_app  # noqa: E402
 from laya.server.serve import ServeOptions, load_engines  # noqa: E402
+from laya.testing.chat_gguf import write_tiny_gguf  # noqa: E402
 
 ROUTE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "refunds", "sales": None}}
 

@@ -11,16 +11,16 @@ import pytest
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
+from laya.engine import Timing
 from laya.server.app import ServerConfig, create_app
-from laya.server.batcher import Timing, Unavailable
+from laya.server.batcher import Unavailable
 
 URGENT = {"type": "noul", "instructions": "Urgent?"}
 
 
 class RemoteBatching(ScriptedEngine):
-    """The scripted engine behind an async `submit`, as RayEngine is: `gone` plays no replica alive."""
-
-    batches_where_it_runs = True
+    """The scripted engine behind an async `submit` (a `ForwardingEngine`), as RayEngine is: `gone` plays
+    no replica alive."""
 
     def __init__(self, delay: float):
         super().__init__(name="remote", delay=delay)
@@ -38,7 +38,7 @@ class RemoteBatching(ScriptedEngine):
             results = await asyncio.to_thread(self.execute, [job])
         finally:
             self.in_flight -= 1
-        return results[0], Timing(inference_ms=self.delay * 1000, batch_rows=self.rows(job), batch_jobs=1)
+        return results[0], Timing(inference_ms=self.delay * 1000, batch_rows=job.n_rows, batch_jobs=1)
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from laya.models.testgen import DEFAULT_BUCKETS, DEFAULT_TEMPERATURE
 
 from laya.calibration.temperatures import T_MAX, T_MIN, Temperatures, bucket_of
+from laya.testing.checkpoints import DEFAULT_BUCKETS, DEFAULT_TEMPERATURE
 
 PER_TYPE = (1.3, 0.9, 1.6)  # choice, score, noul
 # every (type, bucket) its own value, none equal to a type's

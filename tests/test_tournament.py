@@ -16,15 +16,15 @@ import httpx
 import numpy as np
 import pytest
 from conftest import GOLDEN, load_quiet
-from laya.models import testgen
 from live_server import LiveServer
 
 from laya.encoder.engine import EncoderEngine
 from laya.encoder.rows import build_rows
-from laya.encoder.tournament import Tournament, groups_of
 from laya.errors import QuestionError
 from laya.questions import parse_question, parse_questions
 from laya.server.app import ServerConfig, create_app
+from laya.testing import checkpoints as testgen
+from laya.tournament import Tournament, groups_of
 
 LONG = "a description long enough that two hundred and fifty five of these never fit in one row"
 

@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import load_quiet
-from laya.models.routing_task import (
+
+import laya
+from laya.calibration.data import DataError, read_csv_records, read_labelled
+from laya.calibration.metrics import auroc
+from laya.cli import main
+from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
+from laya.testing.routing_task import (
     HUMAN_QUESTION,
     QUESTION,
     app_footer_lines,
@@ -20,12 +26,6 @@ from laya.models.routing_task import (
     write_csv,
     write_jsonl,
 )
-from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint
-
-import laya
-from laya.calibration.data import DataError, read_csv_records, read_labelled
-from laya.calibration.metrics import auroc
-from laya.cli import main
 from laya.training.act import MARGIN, WIN_SHARE
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
 from laya.questions import Question, parse_questions
+from laya.request import Request
 from laya.server.app import create_app
 
 QUESTIONS = {"u": {"type": "noul", "instructions": "Urgent?"},
@@ -21,9 +22,9 @@ class Recording(ScriptedEngine):
         super().__init__()
         self.received: list[Any] = []
 
-    def prepare(self, states, questions, **options):
-        self.received.append(questions)
-        return super().prepare(states, questions, **options)
+    def prepare(self, request, **options):
+        self.received.append(request)
+        return super().prepare(request, **options)
 
 
 def test_the_engine_gets_the_questions_the_server_validated():
@@ -33,8 +34,8 @@ def test_the_engine_gets_the_questions_the_server_validated():
         assert httpx.post(live.url + "/v1/systemone/batch",
                           json={"states": ["a", "b"], "questions": QUESTIONS}).status_code == 200
     for got in engine.received[-2:]:
-        assert isinstance(got, list) and all(isinstance(q, Question) for q in got)
-        assert got == parse_questions(QUESTIONS)
+        assert isinstance(got, Request) and all(isinstance(q, Question) for q in got.questions)
+        assert list(got.questions) == parse_questions(QUESTIONS)
 
 
 def test_validated_questions_pass_through_and_raw_ones_are_validated():

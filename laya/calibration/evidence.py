@@ -31,7 +31,7 @@ class Evidence:
 
     def probabilities(self, temperature: float) -> np.ndarray:
         """softmax(logits / T) of each readout, placed on the options it reads and averaged."""
-        from laya.heads.decode import probabilities
+        from laya.decoding.decode import probabilities
 
         if self.isolated:
             p = np.zeros(self.n_options)

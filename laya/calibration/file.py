@@ -16,8 +16,8 @@ from typing import Any
 
 from laya.calibration.abstention import Abstention
 from laya.calibration.temperatures import Temperatures, clamp
-from laya.config import QTYPES
 from laya.errors import CheckpointError
+from laya.questions import QTYPES
 
 FORMAT = "laya-calibration"
 VERSION = 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from laya.calibration.evidence import Evidence
 from laya.calibration.temperatures import T_MAX, T_MIN, bucket_key
-from laya.config import QTYPES
+from laya.questions import QTYPES
 
 # A bucket gets its own temperature only with at least this many training answers.
 MIN_BUCKET_SAMPLES = 100

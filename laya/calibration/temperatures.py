@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.config import QTYPES
+from laya.questions import QTYPES
 
 T_MIN = 0.5
 T_MAX = 5.0

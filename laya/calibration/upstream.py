@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from laya.calibration.temperatures import Temperatures, bucket_key
-from laya.config import QTYPES
 from laya.errors import CheckpointError
+from laya.questions import QTYPES
 
 VERSION = 2
 BINS = 15

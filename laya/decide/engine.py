@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from laya.decide.model import DecideModel, Planned, decisions
-from laya.encoder.tournament import group_problem, tournament_rows
 from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.plan import HEADROOM, report
-from laya.questions import Question, Questions
+from laya.questions import Question
 from laya.redaction import redact
+from laya.request import Request
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
+from laya.tournament import tournament_rows
 
 
 @dataclass
@@ -25,6 +26,12 @@ class DecideJob:
     reuse_prefix: bool = True
     cancelled: StopFlag = field(default_factory=StopFlag)
 
+    @property
+    def n_rows(self) -> int:
+        """Decisions it takes: one per state and question, every group and final of a tournament."""
+        return sum(tournament_rows(p.question.n_options, p.group) if p.group else 1
+                   for planned in self.planned for p in planned)
+
 
 @dataclass
 class DecideEngine(InProcessEngine):
@@ -32,34 +39,30 @@ class DecideEngine(InProcessEngine):
 
     model: DecideModel
     description: str = "chat model read by first-token scoring (llama.cpp)"
+    kind: ClassVar[str] = "decide"
 
-    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, reuse_prefix: bool = True, tournament: int | None = None,
-                overflow: Any = None) -> DecideJob:
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> DecideJob:
         """Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does.
         A chat model reads the whole state or refuses it (413): it has no window to keep one end of.
         A choice whose prompt the context cannot hold is played as a tournament of groups that it can
         (`tournament=G`: of G options, for every larger choice)."""
-        if (message := group_problem(tournament)) is not None:
-            raise QuestionError(message, error_type="invalid_tournament")
-        if overflow is not None:
+        if request.options.overflow is not None:
             raise QuestionError("x_overflow is for encoder models, whose row holds a bounded part of the state; "
-                                f"{self.name} reads the whole state (a 413 when its context cannot hold it)",
+                                f"{self.model.name} reads the whole state (a 413 when its context cannot hold it)",
                                 error_type="invalid_overflow")
-        states, parsed, planned = self.model.prepare(states, questions, limits=limits, tournament=tournament)
-        return DecideJob(states, parsed, planned, reuse_prefix, StopFlag(deadline))
+        states, planned = self.model.prepare_request(request, limits=limits)
+        return DecideJob(states, list(request.questions), planned, request.options.reuse_prefix, StopFlag(deadline))
 
-    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-             overflow: Any = None, **options: Any) -> dict[str, Any]:
+    def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """What `prepare` and the decisions would do with this request (`laya.plan`), prefilling
         nothing. Its token figures are the prompts' whole length: at most what is read, since a
         prompt whose prefix is kept from an earlier decision reads only the rest."""
-        figures = {"states": len(states), "questions": len(questions)}
+        figures = {"states": len(request.states), "questions": len(request.questions)}
         describe = self.describe()
         try:
-            job = self.prepare(states, questions, limits=limits.times(HEADROOM), overflow=overflow)
+            job = self.prepare(request, limits=limits.times(HEADROOM))
         except QuestionError as exc:
-            return report(self.name, describe, limits, states=[], figures=figures, exact=False, refused=exc)
+            return report(self.model.name, describe, limits, states=[], figures=figures, exact=False, refused=exc)
         planned = [self._state_plan(p) for p in job.planned]
         figures |= {"decisions": sum(s["decisions"] for s in planned),
                     "tokens": sum(s["input_tokens"] for s in planned)}
@@ -69,10 +72,10 @@ class DecideEngine(InProcessEngine):
             limits.check("tokens", figures["tokens"])
         except QuestionError as exc:
             refused = exc
-        return report(self.name, describe, limits, states=planned, figures=figures, exact=False, refused=refused)
+        return report(self.model.name, describe, limits, states=planned, figures=figures, exact=False, refused=refused)
 
     def _state_plan(self, planned: list[Planned]) -> dict[str, Any]:
-        questions = {}
+        questions: dict[str, dict[str, Any]] = {}
         for plan in planned:
             q = plan.question
             questions[q.qid] = {"type": q.qtype, "options": q.n_options, "decisions": decisions(plan),
@@ -90,9 +93,6 @@ class DecideEngine(InProcessEngine):
                 "decisions": sum(entry["decisions"] for entry in questions.values()),
                 "longest_prompt": max(lengths, default=0), "context": self.model.backend.n_ctx,
                 "state_tokens_dropped": 0, "dropped": None, "questions": questions}
-
-    def rows(self, job: DecideJob) -> int:
-        return len(job.states) * len(job.questions)
 
     def execute(self, jobs: list[DecideJob]) -> list[list[SystemOneResponse]]:
         """Decisions run one at a time; a cancelled job stops at its next decision (and gets no answers)."""

@@ -38,7 +38,7 @@ class Lens:
     def __init__(self, backend: Any):
         import gguf
 
-        from laya.decide.gguf_header import read_scalars
+        from laya.native.gguf_header import read_scalars
 
         meta = read_scalars(backend.path)
         arch = meta.get("general.architecture", "")

@@ -71,7 +71,7 @@ def _temperatures(data: Mapping[str, Any], where: str) -> dict[str, float] | Non
     by_type = data.get("temperature_by_type")
     if by_type is not None and not isinstance(by_type, dict):
         raise CheckpointError(f"{where}: temperature_by_type must map question types to numbers")
-    out = {q: base for q in QTYPES} if base is not None else {}
+    out: dict[str, Any] = {q: base for q in QTYPES} if base is not None else {}
     for qtype, value in (by_type or {}).items():
         if qtype not in QTYPES:
             raise CheckpointError(f"{where}: temperature_by_type names {str(qtype)[:40]!r}, not one of {QTYPES}")

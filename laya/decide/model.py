@@ -14,17 +14,18 @@ import numpy as np
 from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures, clamp
-from laya.config import QTYPES
 from laya.decide.backend import DecideBackend
 from laya.decide.policy import Decider, PrefixCache, Prompt
 from laya.decide.profiles import LABELS, PROFILES, TOP_TOKENS, make_profile
 from laya.decide.prompts import Readout
-from laya.encoder.tournament import Tournament, narrowed, tournament_rows
+from laya.decoding import decode
 from laya.errors import Cancelled, QuestionError
-from laya.heads import decode
 from laya.limits import UNLIMITED, Limits
-from laya.questions import Question, check_state, parse_questions
+from laya.questions import QTYPES, Question, check_state
+from laya.request import Request
 from laya.response import SystemOneResponse
+from laya.stop import StopFlag
+from laya.tournament import Tournament, narrowed, tournament_rows
 
 GROUP_MARGIN = 16  # tokens a tournament group's prompt leaves free (merges differ between groups)
 
@@ -100,22 +101,21 @@ class DecideModel:
         """The prompts that answer `q` (all checked here, before any prefill)."""
         return self.profile.asks(q)
 
-    def prepare(self, states: list[Any], questions: Mapping[str, Any], *, limits: Limits = UNLIMITED,
-                tournament: int | None = None) -> tuple[list[Any], list[Question], list[list[Planned]]]:
-        """Validate everything a decision would refuse, before anything is queued or prefilled: the
-        decisions are counted before any prompt is tokenised (again with the tournaments, once planned),
-        the tokens as the prompts are built. What it tokenised is kept (per state, per question) for
-        answering. `tournament=G` plays every choice of more than G options in groups of G."""
-        parsed = parse_questions(questions)
+    def prepare_request(self, request: Request, *, limits: Limits = UNLIMITED) -> tuple[list[Any], list[list[Planned]]]:
+        """Everything a decision would refuse, before anything is queued or prefilled: the decisions are
+        counted before any prompt is tokenised (again with the tournaments, once planned), the tokens as
+        the prompts are built. What it tokenised is kept (per state, per question) for answering.
+        `tournament=G` plays every choice of more than G options in groups of G."""
+        parsed, tournament = list(request.questions), request.options.tournament
         reads = {q.qid: self.readouts(q) for q in parsed}
-        limits.check("decisions", len(states) * sum(len(r) for r in reads.values()))
+        limits.check("decisions", len(request.states) * sum(len(r) for r in reads.values()))
         groups = {q.qid: tournament for q in parsed if tournament and q.qtype == "choice" and q.n_options > tournament}
         tokens, plans = 0, []
-        for state in states:
+        for state in request.states:
             planned, tokens = self._plan(state, parsed, reads, limits, tokens, groups)
             plans.append(planned)
         limits.check("decisions", sum(decisions(p) for planned in plans for p in planned))
-        return list(states), parsed, plans
+        return list(request.states), plans
 
     def _plan(self, state: Any, parsed: list[Question], reads: dict[str, list[Readout]], limits: Limits,
               tokens: int, tournaments: dict[str, int] | None = None) -> tuple[list[Planned], int]:
@@ -124,9 +124,9 @@ class DecideModel:
         (`tournaments` names the group size a request asked for). Where the prefix names the questions
         (json-field's system turn), it names those answered in one prompt only: each group of a
         tournament is asked under its own."""
-        check_state(state)
         profile, n_ctx = self.profile, self.backend.n_ctx
         groups = {qid: g for qid, g in (tournaments or {}).items()}
+        alone: list[Any]
         prefix, alone, n_schema, splits = None, [], 0, {}
         for _ in range(2):  # a second pass when a tournament leaves a prefix that names the questions
             rest = [q for q in parsed if q.qid not in groups]
@@ -184,9 +184,9 @@ class DecideModel:
             low, high = (mid, high) if fits(mid) else (low, mid - 1)
         return low
 
-    def _played(self, state: Any, plan: Planned, reuse_prefix: bool, cancelled: threading.Event | None
+    def _played(self, state: Any, plan: Planned, reuse_prefix: bool, cancelled: StopFlag | threading.Event | None
                 ) -> tuple[Evidence, dict[str, Any], int]:
-        """A choice answered by a tournament of groups (laya.encoder.tournament's rounds and shares):
+        """A choice answered by a tournament of groups (laya.tournament's rounds and shares):
         each group a question of its own over the same state (its prefix kept across the groups), its
         top answer through to the next round, then one final group. The shares come out tempered, so
         the evidence is their logarithm (decoded at temperature 1)."""
@@ -234,7 +234,7 @@ class DecideModel:
     def fingerprint(self) -> str:
         """sha256 of the GGUF file, and the readout unless it is first-token: what a calibration file
         names (a temperature fitted on one readout means nothing on another)."""
-        from laya.encoder.checkpoint import sha256_of
+        from laya.digests import sha256_of
 
         if not (self.source and Path(self.source).is_file()):
             return ""
@@ -242,13 +242,14 @@ class DecideModel:
         return sha256_of(Path(self.source)) + ("" if readout == "first-token" else f":{readout}")
 
     def evidence_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
-                     cancelled: threading.Event | None = None, planned: list[Planned] | None = None
+                     cancelled: StopFlag | threading.Event | None = None, planned: list[Planned] | None = None
                      ) -> tuple[list[Evidence], list[dict[str, Any]], int]:
         """Per question: the first-token log-probabilities of each readout (untempered), the question's
         extras (outside mass, prefill reports), and the prompt tokens read in all. `planned` is what
         `prepare` tokenised for this state (planned here when not given). `cancelled` (the caller went
         away) stops before the next decision."""
-        if planned is None:
+        if planned is None:  # not through a Request: the state is checked here
+            check_state(state)
             planned, _ = self._plan(state, parsed, {q.qid: self.readouts(q) for q in parsed}, UNLIMITED, 0)
         evidence, extras, tokens = [], [], 0
         readout = self.readout
@@ -277,7 +278,8 @@ class DecideModel:
         return evidence, extras, tokens
 
     def answer_one(self, state: Any, parsed: list[Question], *, reuse_prefix: bool = True,
-                   cancelled: threading.Event | None = None, planned: list[Planned] | None = None) -> SystemOneResponse:
+                   cancelled: StopFlag | threading.Event | None = None,
+                   planned: list[Planned] | None = None) -> SystemOneResponse:
         evidence, extras, tokens = self.evidence_one(state, parsed, reuse_prefix=reuse_prefix, cancelled=cancelled,
                                                      planned=planned)
         answers = {}
@@ -290,5 +292,7 @@ class DecideModel:
         return SystemOneResponse(model=self.name, answers=answers, input_tokens=int(tokens))
 
     def predict(self, state: Any, questions: Mapping[str, Any], *, reuse_prefix: bool = True) -> dict[str, Any]:
-        states, parsed, plans = self.prepare([state], questions)
-        return self.answer_one(states[0], parsed, reuse_prefix=reuse_prefix, planned=plans[0]).to_json()
+        request = Request.of([state], questions)
+        states, plans = self.prepare_request(request)
+        return self.answer_one(states[0], list(request.questions), reuse_prefix=reuse_prefix,
+                               planned=plans[0]).to_json()

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from laya.decide.backend import DecideBackend
+from laya.decoding.decode import probabilities
 from laya.errors import QuestionError
-from laya.heads.decode import probabilities
 
 POLICIES = ("auto", "on", "off")
 
@@ -53,6 +53,7 @@ def label_tokens(backend: DecideBackend, labels: list[str]) -> list[tuple[int, .
     same tokens (the only collision the tree cannot resolve)."""
     if not labels:
         raise DecideRefused("a decision needs at least one choice")
+    seen: dict[Any, Any]
     seqs, seen = [], {}
     for label in labels:
         tokens = tuple(backend.tokenize(label))

@@ -198,7 +198,7 @@ class AnswerSlot(Profile):
     def asks(self, q: Question) -> list[Readout]:
         question = q.instructions.strip() or self.ASK
         if q.qtype == "score":
-            return [self._row(self.ISOLATED.format(q=question, level=LEVEL_NUMBER.sub("", level)), ["no", "yes"],
+            return [self._row(self.ISOLATED.format(q=question, level=LEVEL_NUMBER.sub("", level or "")), ["no", "yes"],
                               (i,)) for i, level in enumerate(q.descriptions)]
         _check_letters(q, self.name)
         if q.qtype == "noul":

@@ -103,8 +103,8 @@ def noul_both_orders(question: Question, style: LabelStyle, names: bool) -> list
             lines = [f"- {texts[k][0]}: {texts[k][1]}" for k in order]
             closing, labels = "Answer yes or no only.", tuple(texts[k][0] for k in order)
         else:
-            texts = {0: f"false: {false_text}", 1: f"true: {true_text}"}
-            lines = [f"{LETTERS[i]}) {texts[k]}" for i, k in enumerate(order)]
+            lettered = {0: f"false: {false_text}", 1: f"true: {true_text}"}
+            lines = [f"{LETTERS[i]}) {lettered[k]}" for i, k in enumerate(order)]
             closing, labels = "Answer with the letter of the right option only.", ("A", "B")
         suffix = f"Question: {ask}\nOptions:\n" + "\n".join(lines) + "\n" + style.closing(closing)
         out.append(Readout(suffix, tuple(style.label(x) for x in labels), order))

@@ -14,27 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from laya.config import AgentConfig, EncoderConfig, read_json
+from laya.digests import sha256_of
+from laya.encoder.config import AgentConfig, EncoderConfig, read_json
+from laya.encoder.head_layout import checkpoint_tensors
 from laya.encoder.tokenizer import Tokenizer
 from laya.errors import CheckpointError
-from laya.heads.layout import checkpoint_tensors
 
 CONFIG_FILE = "rl_agent_config.json"
 WEIGHTS_FILE = "model.safetensors"
 ENCODER_CONFIG = "encoder/config.json"
 TOKENIZER_DIR = "tokenizer"
 HUB_PATTERNS = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer/*", "encoder/*")
-
-
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify_digests(folder: Path, expected: Mapping[str, str], *, evict: bool = False) -> None:
@@ -64,7 +58,7 @@ def evict_cached_file(path: Path) -> None:
 
 
 def _is_commit(revision: str | None) -> bool:
-    return bool(revision) and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision.lower())
+    return revision is not None and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision.lower())
 
 
 def download(
@@ -82,7 +76,7 @@ def download(
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a core dependency
         raise CheckpointError("huggingface_hub is needed to load a checkpoint from the Hub") from exc
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    kwargs = dict(revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS],
+    kwargs: dict[str, Any] = dict(revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS],
                   token=os.environ.get("HF_TOKEN") or None)
     where = f"{repo}{'@' + revision if revision else ''}{' (' + prefix.rstrip('/') + ')' if prefix else ''}"
     if label and label != repo:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
 from laya.encoder.plan import plan_states
-from laya.encoder.windows import Overflow
 from laya.engine import InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.plan import HEADROOM, report
-from laya.questions import Questions
 from laya.redaction import redact
+from laya.request import Request
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 
@@ -25,28 +24,25 @@ class EncoderEngine(InProcessEngine):
 
     model: Model
     description: str = "laya decision model"
+    kind: ClassVar[str] = "encoder"
 
-    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, tournament: int | None = None, overflow: Overflow = None,
-                **options: Any) -> Prepared:
-        """(Options such as `reuse_prefix` concern the decide engine; an encoder has no kept state.)
-        A tournament's rows count against the limits: every group of every round and the final row.
-        Past `deadline` (monotonic) the job stops between forward passes, as a cancelled one does."""
-        prepared = self.model.prepare(states, questions, tournament=tournament, overflow=overflow, limits=limits)
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> Prepared:
+        """(`reuse_prefix` concerns the decide engine; an encoder has no kept state.) A tournament's rows
+        count against the limits: every group of every round and the final row. Past `deadline`
+        (monotonic) the job stops between forward passes, as a cancelled one does."""
+        prepared = self.model.prepare_request(request, limits)
         prepared.cancelled = StopFlag(deadline)
         _check(prepared, limits)
         return prepared
 
-    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-             tournament: int | None = None, overflow: Overflow = None, **options: Any) -> dict[str, Any]:
+    def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """What `prepare` and the forward pass would do with this request (`laya.plan`), running nothing."""
-        figures = {"states": len(states), "questions": len(questions)}
+        figures = {"states": len(request.states), "questions": len(request.questions)}
         describe = self.describe()
         try:
-            job = self.model.prepare(states, questions, tournament=tournament, overflow=overflow,
-                                     limits=limits.times(HEADROOM))
+            job = self.model.prepare_request(request, limits.times(HEADROOM))
         except QuestionError as exc:
-            return report(self.name, describe, limits, states=[], figures=figures, exact=True, refused=exc)
+            return report(self.model.name, describe, limits, states=[], figures=figures, exact=True, refused=exc)
         figures |= {"rows": job.n_rows, "tokens": job.n_tokens}
         planned, exact = plan_states(self.model, job)
         refused = None
@@ -54,10 +50,7 @@ class EncoderEngine(InProcessEngine):
             _check(job, limits)
         except QuestionError as exc:
             refused = exc
-        return report(self.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
-
-    def rows(self, job: Prepared) -> int:
-        return job.n_rows
+        return report(self.model.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
 
     def execute(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         return self.model.answer(jobs)

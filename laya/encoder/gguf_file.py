@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.errors import CheckpointError
-from laya.heads.layout import NO_ACT_HEAD
 
 ARCH = "modern-bert"
 DECISION_TYPE = f"{ARCH}.decision.type"
@@ -44,7 +44,7 @@ UNPACK_REVISION = 2
 
 def decision_type(path: str | os.PathLike) -> str | None:
     """The file's `modern-bert.decision.type` ("laya"), or None (a chat GGUF, any other file)."""
-    from laya.decide.gguf_header import read_scalars
+    from laya.native.gguf_header import read_scalars
 
     try:
         scalars = read_scalars(path)
@@ -299,9 +299,9 @@ def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> 
     GGUF that laya's llama.cpp runs, and the head in fp32."""
     import gguf
 
-    from laya.bundle import base_manifest, copy_checkpoint_files, write_manifest
+    from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
     from laya.encoder.checkpoint import load_checkpoint
-    from laya.export.gguf import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
+    from laya.encoder.export.gguf import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
 
     checkpoint = load_checkpoint(checkpoint_folder)
     out.mkdir(parents=True)
@@ -324,7 +324,7 @@ def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> 
         raise CheckpointError(f"{f.path}: tensor types {sorted(set(kinds) - {'F32', 'F16', 'Q8_0'})}: laya's "
                               "llama runtime runs f32, f16 and q8_0 (name runtime='packed' to run it dequantized)")
     manifest = base_manifest(checkpoint, "llama", precision)
-    gate = json.loads(f.get("laya.gate")) if f.get("laya.gate") else None
+    gate = json.loads(f.get("laya.encoder.gate")) if f.get("laya.encoder.gate") else None
     manifest.update(encoder=ENCODER_FILE, head=HEAD_FILE, architecture=ARCH, gguf_revision=GGUF_REVISION,
                     tensor_types=kinds, fingerprint=checkpoint.fingerprint, source_gguf=f.path.name,
                     gate=gate if gate is not None else _file_gate(precision))

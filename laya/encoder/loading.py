@@ -1,7 +1,7 @@
 """`laya.load`: from a name, a folder or a Hub id to a ready `Model`.
 
 Loading is also where a runtime that runs exported bundles (ONNX, Core ML) gets one when it is
-given a checkpoint: the exporter (`laya.export.<kind>`) builds it on first use into the cache. So
+given a checkpoint: the exporter (`laya.encoder.export.<kind>`) builds it on first use into the cache. So
 runtimes never import the exporters; the exporters may import the runtimes (their gates run them).
 """
 
@@ -13,14 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from laya.bundle import is_bundle, read_manifest
+from laya.encoder.bundle import is_bundle, read_manifest
 from laya.encoder.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint, verify_digests
+from laya.encoder.registry import lookup
 from laya.encoder.runtimes.base import Runtime, check_options, create_runtime
 from laya.errors import CheckpointError
-from laya.models.registry import lookup
 
 # runtime -> the exporter that builds the bundle it runs, when it is given a checkpoint
-EXPORTED_ON_FIRST_USE = {"onnx": "laya.export.onnx", "coreml": "laya.export.coreml", "llama": "laya.export.gguf"}
+EXPORTED_ON_FIRST_USE = {"onnx": "laya.encoder.export.onnx", "coreml": "laya.encoder.export.coreml",
+                         "llama": "laya.encoder.export.gguf"}
 
 
 def resolve(

@@ -17,18 +17,18 @@ from laya.calibration.evidence import Evidence
 from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures, bucket_key
 from laya.calibration.upstream import apply_binning
-from laya.choice import Choice
+from laya.decoding import decode
 from laya.encoder.batch import collate, padded_length
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.choice import Choice
+from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
-from laya.encoder.tournament import DEFAULT_GROUP, Tournament, group_problem, tournament_rows
-from laya.encoder.windows import OVERFLOWS, Overflow, Scan, Windows, aggregate, cut, plan
+from laya.encoder.windows import Windows, aggregate, cut, plan
 from laya.errors import QuestionError
-from laya.heads import decode
-from laya.heads.layout import NO_ACT_HEAD
 from laya.limits import UNLIMITED, Limits
-from laya.questions import Question, check_state, parse_questions
+from laya.questions import Question, check_state
+from laya.request import Overflow, Request, Scan
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 from laya.structured import (
@@ -40,6 +40,7 @@ from laya.structured import (
     settle,
 )
 from laya.structured.gate import Threshold
+from laya.tournament import DEFAULT_GROUP, Tournament, tournament_rows
 
 DEFAULT_MAX_BATCH_ROWS = 32
 
@@ -154,7 +155,13 @@ class Model:
 
     def prepare(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
                 overflow: Overflow = None, limits: Limits = UNLIMITED) -> Prepared:
-        """Validate and build every row; raises `QuestionError` before any inference.
+        """Validate (`Request.of`, as the API validates) and build every row; raises `QuestionError` before
+        any inference. The options are `prepare_request`'s."""
+        return self.prepare_request(Request.of(list(states), questions, tournament=tournament, overflow=overflow),
+                                    limits)
+
+    def prepare_request(self, request: Request, limits: Limits = UNLIMITED) -> Prepared:
+        """Every row of a validated request; raises `QuestionError` before any inference.
 
         A choice whose option markers do not all fit in the model's row is answered by a tournament
         (groups of 16, as upstream's `predict_tournament`); `tournament=G` asks for one on every choice
@@ -163,14 +170,7 @@ class Model:
         `overflow` is what happens to a state longer than the row: None or "truncate" keeps its start
         (a conversation's end), "keep_start" / "keep_end" say which, a `Scan` reads it in windows
         (`laya.encoder.windows`); its windows count against `limits` before any is decoded."""
-        if (message := group_problem(tournament)) is not None:
-            raise QuestionError(message, error_type="invalid_tournament")
-        if overflow not in OVERFLOWS and not isinstance(overflow, Scan):
-            raise QuestionError(f"overflow must be one of {', '.join(map(str, OVERFLOWS[1:]))} or a Scan, got "
-                                f"{overflow!r}"[:300], error_type="invalid_overflow")
-        parsed = parse_questions(questions)
-        for state in states:
-            check_state(state)
+        parsed, tournament, overflow = list(request.questions), request.options.tournament, request.options.overflow
         tok = self.tokenizer
         heads: dict[str, QuestionTokens] = {q.qid: self.head_of(q) for q in parsed}
         groups: dict[str, int] = {}
@@ -182,7 +182,7 @@ class Model:
             elif q.n_options > DEFAULT_GROUP and any(m >= self.max_len for m in heads[q.qid].markers):
                 groups[q.qid] = DEFAULT_GROUP
         plain = [q for q in parsed if q.qid not in groups]
-        tokens = [tokenize_state(tok, s) for s in states]
+        tokens = [tokenize_state(tok, s) for s in request.states]
         windows = None
         if overflow in ("keep_start", "keep_end"):
             tokens = [StateTokens(st.ids, keep_end=overflow == "keep_end") for st in tokens]

@@ -15,9 +15,9 @@ from typing import Any
 
 from laya.encoder.model import Model, Prepared, row_usage
 from laya.encoder.rows import Row, StateTokens, build_row
-from laya.encoder.tournament import groups_of, narrowed, tournament_rows
-from laya.encoder.windows import merged_usage
+from laya.encoder.windows import Windows, merged_usage
 from laya.questions import Question
+from laya.tournament import groups_of, narrowed, tournament_rows
 
 
 def tokens_per_option(row: Row) -> list[int]:
@@ -75,7 +75,8 @@ def plan_states(model: Model, job: Prepared) -> tuple[list[dict[str, Any]], bool
         tokens, usage, questions, known = _one_state(model, job, rows, state)
         exact &= known
         singles.append((tokens, usage, questions, state))
-    reads = job.windows or [None] * len(singles)
+    reads: list[Windows | None] = []
+    reads += job.windows or [None] * len(singles)
     qids = [q.qid for q in job.questions]
     out, at = [], 0
     for read in reads:

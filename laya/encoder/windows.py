@@ -24,25 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from laya.errors import QuestionError
+from laya.request import AGGREGATES, Scan
 from laya.response import SystemOneResponse
 
-AGGREGATES = ("auto",)
 CLAMP_WARN_RATIO = 2
-
-
-@dataclass(frozen=True)
-class Scan:
-    """A request's `window`/`stride`/`aggregate` (None or <= 0: the default)."""
-
-    window: int | None = None
-    stride: int | None = None
-    aggregate: str = "auto"
-
-
-# what becomes of a state longer than the row: None or "truncate" (its start kept, a conversation's
-# end), "keep_start", "keep_end", or a Scan
-Overflow = str | Scan | None
-OVERFLOWS = (None, "truncate", "keep_start", "keep_end")
 
 
 @dataclass(frozen=True)
@@ -72,8 +57,9 @@ def check_scan(scan: Scan) -> None:
 def plan(rooms: list[int], max_len: int, head_max_len: int, scan: Scan) -> tuple[int, int, int]:
     """(window, stride, room) for these questions' rooms."""
     check_scan(scan)
-    explicit = scan.window is not None and scan.window > 0
-    requested = scan.window if explicit else max(64, max_len - head_max_len - 8)
+    window = scan.window
+    explicit = window is not None and window > 0
+    requested = window if window is not None and window > 0 else max(64, max_len - head_max_len - 8)
     size = requested
     room = min(rooms) if rooms else size
     if room <= 0:

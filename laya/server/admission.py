@@ -55,7 +55,6 @@ class Admission:
         self.plan_limit = max(1, limit // PLAN_SHARE)
         self.plans_wait_until = 0.0  # monotonic time before which no plan enters while decisions are inside
         self.last_seen = 0.0  # monotonic time a request last came in or left
-        self.shed_total = 0
         self._shed_since_log = 0
         self._last_log = time.monotonic()
 
@@ -113,7 +112,6 @@ class Admission:
 
     async def shed(self, send, request_id: bytes | None, path: str = "") -> None:
         """Answer 429 at the door."""
-        self.shed_total += 1
         self._shed_since_log += 1
         now = time.monotonic()
         if now - self._last_log >= 1.0:

@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from laya.api import ApiError
-from laya.engine import Engine
+from laya.auth import key_given
+from laya.engine import AnyEngine, ForwardingEngine
 from laya.errors import LayaError
 from laya.server import heap, openai, routes
 from laya.server.admission import PLAN_ROUTE, SHED_ROUTES, Admission
@@ -26,7 +27,8 @@ from laya.server.call import Call, Reply, headers_of
 from laya.server.metrics import Books, Metrics
 from laya.server.request_ids import CLIENT_ID_CHARS, REQUEST_ID, REQUEST_ID_RAW, new_request_id, raw_request_id
 from laya.server.routes import Context
-from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, key_given, request_timeout
+from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout
+from laya.version import __version__
 
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
@@ -199,7 +201,7 @@ def drain_on_signals(served: Served, admission: Admission, drain_s: float) -> No
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def stop(sig: int, frame: Any) -> None:
-        handler = previous[sig]
+        handler = previous[signal.Signals(sig)]
         if callable(handler):
             handler(sig, frame)
         else:
@@ -228,7 +230,33 @@ def drain_on_signals(served: Served, admission: Admission, drain_s: float) -> No
         signal.signal(sig, on_signal)
 
 
-def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = None,
+def activate(engines: list[AnyEngine], served: Served, metrics: Metrics, config: ServerConfig) -> None:
+    """Serve the loaded engines, on the event loop (their batchers start there): the first is the default."""
+    if config.http_nice:  # this thread (the event loop) and the threads it starts from now on
+        try:
+            os.nice(config.http_nice)
+        except OSError as exc:
+            log.warning("could not lower the HTTP loop's CPU priority: %s", exc)
+    for engine in engines:
+        name = engine.info.name
+        metrics.engines[name] = engine.status
+        # an engine that batches where it runs (the engine process, a Ray Serve deployment) gets
+        # every job at once
+        batcher: MicroBatcher = (
+            PassThrough(engine, max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
+            if isinstance(engine, ForwardingEngine) else
+            MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
+                         max_pending_rows=config.max_pending_rows, on_batch=metrics.batch))
+        batcher.start()
+        served.engines[name] = engine
+        served.batchers[name] = batcher
+        metrics.queue_depth[name] = partial(getattr, batcher, "pending_rows")
+    served.default = engines[0].info.name if engines else None
+    served.ready = bool(engines)
+    log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
+
+
+def create_app(load: Callable[[], list[AnyEngine]], config: ServerConfig | None = None,
                on_load_failure: Callable[[], None] | None = None, drain_signals: bool = False) -> FastAPI:
     """`load` returns the engines to serve (the first is the default); it runs after start-up, so
     /health and /ready answer while models load. If it fails, `on_load_failure` is called.
@@ -257,27 +285,7 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
                 if on_load_failure is not None:
                     on_load_failure()
                 return
-            loop.call_soon_threadsafe(_activate, engines)
-
-        def _activate(engines: list[Engine]) -> None:
-            if config.http_nice:  # this thread (the event loop) and the threads it starts from now on
-                try:
-                    os.nice(config.http_nice)
-                except OSError as exc:
-                    log.warning("could not lower the HTTP loop's CPU priority: %s", exc)
-            for engine in engines:
-                metrics.engines[engine.name] = engine.status
-                # an engine that batches where it runs (a Ray Serve deployment) gets every job at once
-                kind = PassThrough if engine.batches_where_it_runs else MicroBatcher
-                batcher = kind(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
-                                       max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
-                batcher.start()
-                served.engines[engine.name] = engine
-                served.batchers[engine.name] = batcher
-                metrics.queue_depth[engine.name] = lambda b=batcher: b.pending_rows
-            served.default = engines[0].name if engines else None
-            served.ready = bool(engines)
-            log.info("ready: serving %s (default %s)", ", ".join(served.engines), served.default)
+            loop.call_soon_threadsafe(activate, engines, served, metrics, config)
 
         frozen = threading.Event()
         threading.Thread(target=load_all, name="laya-load", daemon=True).start()
@@ -292,7 +300,7 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
             heap.thaw()
         context.books.flush()
 
-    app = LayaApp(title="laya", version="0.1.0", lifespan=lifespan,
+    app = LayaApp(title="laya", version=__version__, lifespan=lifespan,
                   description="System One decisions (`/v1/systemone`) from laya checkpoints.")
     app.state.served = served
     app.state.metrics = metrics
@@ -308,6 +316,6 @@ def create_app(load: Callable[[], list[Engine]], config: ServerConfig | None = N
     app.state.admission = admission
     app.front = RequestContext(partial(FastAPI.__call__, app), metrics=metrics, config=config,
                                admission=admission, served=served, books=context.books)
-    app.add_exception_handler(ApiError, routes.api_error)
+    app.add_exception_handler(ApiError, routes.api_error)  # type: ignore[arg-type]  # Starlette types any Exception
     routes.register(app, config.limits)
     return app

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.engine import Engine, Job
+from laya.engine import Engine, ForwardingEngine, Job, Timing
 from laya.errors import QuestionError
 from laya.response import SystemOneResponse
 
@@ -36,15 +36,6 @@ class Overloaded(Exception):
     def __init__(self, message: str, retry_after: int):
         super().__init__(message)
         self.retry_after = retry_after
-
-
-@dataclass
-class Timing:
-    queue_ms: float = 0.0
-    inference_ms: float = 0.0
-    batch_rows: int = 0
-    batch_jobs: int = 0
-    leads_batch: bool = True  # the one answer of its batch that counts the batch (where batches are counted apart)
 
 
 @dataclass
@@ -88,11 +79,10 @@ class MicroBatcher:
         self.max_pending_rows = max_pending_rows
         self.on_batch = on_batch
         self.pending_rows = 0  # reserved by admitted requests, until their job is done
-        self.pending_jobs = 0
         self.drain = DrainRate()
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"laya-{engine.name}")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"laya-{engine.info.name}")
 
     def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -117,7 +107,7 @@ class MicroBatcher:
     def reserve(self, rows: int) -> None:
         """Admit a request of `rows` rows, or refuse it (`Overloaded`) when the queue holds too much."""
         if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:
-            raise Overloaded(f"{self.pending_rows} rows are already waiting for {self.engine.name}",
+            raise Overloaded(f"{self.pending_rows} rows are already waiting for {self.engine.info.name}",
                              self.retry_after())
         self.pending_rows += rows
 
@@ -134,7 +124,6 @@ class MicroBatcher:
         if self._queue is None:
             raise RuntimeError("batcher not started")
         future = asyncio.get_running_loop().create_future()
-        self.pending_jobs += 1
         self._queue.put_nowait(_Item(job=job, rows=rows, future=future))
         return await future
 
@@ -163,7 +152,6 @@ class MicroBatcher:
                 if live:
                     await self._run(loop, live)
             finally:
-                self.pending_jobs -= len(batch)
                 self.pending_rows -= sum(it.rows for it in batch)
 
     async def _run(self, loop, items: list[_Item]) -> None:
@@ -186,8 +174,8 @@ class MicroBatcher:
                 continue
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, QuestionError):  # a refusal found while running is the caller's mistake
-                    log.error("inference failed on %s", self.engine.name, exc_info=outcome)
-                    outcome = InferenceFailed(self.engine.name)
+                    log.error("inference failed on %s", self.engine.info.name, exc_info=outcome)
+                    outcome = InferenceFailed(self.engine.info.name)
                 it.future.set_exception(outcome)
                 continue
             timing = Timing(queue_ms=(started - it.enqueued) * 1000.0, inference_ms=seconds * 1000.0,
@@ -232,18 +220,19 @@ class Unavailable(Exception):
 
 
 class PassThrough(MicroBatcher):
-    """For an engine that batches where it runs (`engine.batches_where_it_runs`, e.g. a Ray Serve
+    """For an engine that batches where it runs (a `ForwardingEngine`, e.g. a Ray Serve
     deployment whose replicas each run a MicroBatcher): the same admission in rows, but each job is
     sent on at once (`engine.submit`), so several replicas work at the same time. The drain rate is
     the replicas' own (rows per second of a forward batch, as each answer reports it): one replica's
     rate, so with several the door and Retry-After err on the side of waiting."""
 
-    def __init__(self, engine: Engine, *, max_pending_rows: int = 512, on_batch=None, **_ignored: Any):
-        super().__init__(engine, max_pending_rows=max_pending_rows, on_batch=on_batch)
+    def __init__(self, engine: ForwardingEngine, *, max_pending_rows: int = 512, on_batch=None, **_ignored: Any):
+        super().__init__(engine, max_pending_rows=max_pending_rows, on_batch=on_batch)  # type: ignore[arg-type]
+        self.forwarding = engine
 
     def start(self) -> None:
         self._queue = asyncio.Queue()  # unused; marks the batcher as started
-        self.engine.serve_on(asyncio.get_running_loop())
+        self.forwarding.serve_on(asyncio.get_running_loop())
 
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -251,16 +240,14 @@ class PassThrough(MicroBatcher):
     async def submit(self, job: Job, rows: int) -> tuple[list[SystemOneResponse], Timing]:
         if self._queue is None:
             raise RuntimeError("batcher not started")
-        self.pending_jobs += 1
         try:
-            results, timing = await self.engine.submit(job)
+            results, timing = await self.forwarding.submit(job)
         except (Overloaded, Unavailable, QuestionError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            log.exception("inference failed on %s", self.engine.name)
-            raise InferenceFailed(self.engine.name) from exc
+            log.exception("inference failed on %s", self.engine.info.name)
+            raise InferenceFailed(self.engine.info.name) from exc
         finally:
-            self.pending_jobs -= 1
             self.pending_rows -= rows
         self.drain.add(timing.batch_rows, timing.inference_ms / 1000.0)
         if self.on_batch and timing.leads_batch:  # each replica batch counted once, by its first answer's caller

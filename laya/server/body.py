@@ -25,7 +25,6 @@ from laya.api import ApiError, usage_error
 if TYPE_CHECKING:
     from laya.server.call import Call
 
-CHUNK = 64 * 1024
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
 JSON_TYPES = ("application/json",)

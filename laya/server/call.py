@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
@@ -111,7 +111,8 @@ def endpoint(route: Route) -> Callable[[Request], Awaitable[Response]]:
     """`route` as a FastAPI endpoint (its name and docstring kept for the OpenAPI document)."""
 
     async def run(request: Request) -> Response:
-        call = Call(request.scope, request.receive, headers_of(request.scope))
+        scope = cast(dict[str, Any], request.scope)  # the ASGI scope, typed a MutableMapping by Starlette
+        call = Call(scope, cast(Callable[[], Awaitable[dict[str, Any]]], request.receive), headers_of(scope))
         try:
             reply = await route(call)
         except ApiError as exc:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from laya.api import MAX_ERROR_TEXT, ApiError, SystemOneRequest, check_size, parse_systemone
+from laya.api import MAX_ERROR_TEXT, ApiError
 from laya.errors import QuestionError
+from laya.request import Request, check_size, parse_request
 from laya.server.call import Call, Reply
 from laya.structured import Field, check_min_confidence, details, plan_schema, questions_of
 from laya.structured.gate import Threshold
@@ -39,7 +40,7 @@ class ChatRequest:
     model: str | None
     schema_name: str
     fields: list[Field]
-    request: SystemOneRequest | None  # None: every field has one possible value (nothing to read)
+    request: Request | None  # None: every field has one possible value (nothing to read)
     min_confidence: Threshold | None
 
 
@@ -105,7 +106,8 @@ def parse_chat(body: Any, limits: Any) -> ChatRequest:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise refusal(400, "response_format.json_schema must be an object with a schema", "response_format.json_schema")
-    name = spec.get("name") if isinstance(spec.get("name"), str) else "decision"
+    given = spec.get("name")
+    name = given if isinstance(given, str) else "decision"
     try:
         threshold = check_min_confidence(body.get("x_min_confidence"))
         fields = plan_schema(spec["schema"])
@@ -119,7 +121,7 @@ def parse_chat(body: Any, limits: Any) -> ChatRequest:
         inner = {"state": state, "questions": asked}
         try:
             check_size(inner, False, limits)
-            request = parse_systemone(inner, limits=limits)
+            request = replace(parse_request(inner, limits=limits, sized=True), model=model)
         except ApiError as exc:
             raise refusal(exc.status, _first_message(exc.detail), "response_format.json_schema.schema") from exc
     return ChatRequest(model, name[:64], fields, request, threshold)
@@ -151,7 +153,7 @@ async def chat_completions(request: Call) -> Reply:
         ctx.check_auth(request, missing=401)
         chat = await ctx.read_body(request, lambda body: body, lambda body: parse_chat(body, ctx.config.limits))
         if chat.request is not None:
-            name, (result,) = await ctx.answer_as(request, chat.model, [chat.request.state], chat.request.questions)
+            name, (result,) = await ctx.answer_as(request, chat.request)
             response, tokens = result.to_json(), result.input_tokens
         else:  # every field has one possible value: no forward pass
             name, tokens = ctx.resolve(chat.model), 0

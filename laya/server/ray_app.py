@@ -34,13 +34,14 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
+from laya.engine import EngineInfo, Timing
 from laya.errors import LayaError
 from laya.limits import Limits
-from laya.questions import Question
+from laya.request import Request
 from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.app import ServerConfig, create_app
-from laya.server.batcher import MicroBatcher, Timing, Unavailable
+from laya.server.batcher import MicroBatcher, Unavailable
 from laya.server.remote import portable
 from laya.server.serve import KEEP_ALIVE_S, ModelSpec, ServeOptions, configure_logging, load_engine
 from laya.stop import StopFlag, after
@@ -162,26 +163,23 @@ class ModelReplica:
             self._batcher.start()
         return self._batcher
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.engine.name, "description": self.engine.description,
-                "release_date": self.engine.release_date, "describe": self.engine.describe()}
+    def describe(self) -> tuple[EngineInfo, dict[str, Any]]:
+        return self.engine.info, self.engine.describe()
 
     def stats(self) -> dict[str, Any]:
         """Which process this replica is and how many requests it answered (tests, operators)."""
         return {"pid": os.getpid(), "answered": self.answered}
 
-    async def answer(self, states: list[Any], questions: list[Question], limits: Limits,
-                     options: dict[str, Any], seconds_left: float | None = None) -> tuple:
+    async def answer(self, request: Request, limits: Limits, seconds_left: float | None = None) -> tuple:
         """`("ok", results, timing)` or `("error", exception)`: a refusal travels back as a value, with
         its type and fields, rather than wrapped in Ray's task error. Past `seconds_left` the job stops
         between forward passes here, as in `laya serve`."""
         try:
-            job = await asyncio.to_thread(self.engine.prepare, states, questions, limits=limits,
-                                          deadline=after(seconds_left), **options)
+            job = await asyncio.to_thread(self.engine.prepare, request, limits=limits, deadline=after(seconds_left))
         except Exception as exc:  # noqa: BLE001 - a refusal (or a failure) goes back to the ingress
             return ("error", portable(exc))
         batcher = self._started()
-        rows = self.engine.rows(job)
+        rows = job.n_rows
         batcher.reserve(rows)
         try:
             results, timing = await batcher.submit(job, rows)
@@ -193,18 +191,17 @@ class ModelReplica:
         self.answered += 1
         return ("ok", results, asdict(timing))
 
-    async def plan(self, states: list[Any], questions: list[Question], limits: Limits,
-                   options: dict[str, Any]) -> tuple:
+    async def plan(self, request: Request, limits: Limits) -> tuple:
         """`("ok", plan)` or `("error", exception)`, as `answer`: the request prepared here, not run."""
         try:
-            return ("ok", await asyncio.to_thread(self.engine.plan, states, questions, limits=limits, **options))
+            return ("ok", await asyncio.to_thread(self.engine.plan, request, limits=limits))
         except Exception as exc:  # noqa: BLE001
             return ("error", portable(exc))
 
     def check_health(self) -> None:
         task = self._batcher._task if self._batcher is not None else None
         if task is not None and task.done():
-            raise RuntimeError(f"the batcher of {self.engine.name} stopped")
+            raise RuntimeError(f"the batcher of {self.engine.info.name} stopped")
 
 
 # ------------------------------------------------------------------------------------------------ ingress
@@ -214,26 +211,23 @@ class ModelReplica:
 class RayJob:
     """A request for one model, sent whole to a replica (prepared and run there)."""
 
-    states: list[Any]
-    questions: list[Question]
+    request: Request
     limits: Limits
-    options: dict[str, Any]
-    n_rows: int
     cancelled: StopFlag = field(default_factory=StopFlag)
+
+    @property
+    def n_rows(self) -> int:
+        return self.request.rows
 
 
 class RayEngine:
-    """The engine shape over a model deployment. `batches_where_it_runs`: the app sends each job on
-    at once (`submit`) instead of batching here, so the replicas work side by side."""
+    """The engine shape over a model deployment, a `ForwardingEngine`: the app sends each job on at once
+    (`submit`) instead of batching here, so the replicas work side by side."""
 
-    batches_where_it_runs = True
-
-    def __init__(self, handle: DeploymentHandle, info: dict[str, Any], deployment: str, *, wait_s: float,
-                 retry_after_s: int):
+    def __init__(self, handle: DeploymentHandle, info: tuple[EngineInfo, dict[str, Any]], deployment: str, *,
+                 wait_s: float, retry_after_s: int):
         self.handle, self.deployment = handle, deployment
-        self.name, self.description = info["name"], info["description"]
-        self.release_date = info.get("release_date", "")
-        self._describe = info["describe"]
+        self.info, self._describe = info
         self.wait_s, self.retry_after_s = wait_s, retry_after_s
 
     @classmethod
@@ -242,24 +236,18 @@ class RayEngine:
         info = await handle.describe.remote()
         return cls(handle, info, deployment, wait_s=wait_s, retry_after_s=retry_after_s)
 
-    def prepare(self, states: list[Any], questions: list[Question], *, limits: Limits, deadline: float | None = None,
-                **options: Any) -> RayJob:
-        """(Validated and counted against the limits in the replica, as `laya serve` does in its engine.)"""
-        return RayJob(states, questions, limits, options, n_rows=len(states) * len(questions),
-                      cancelled=StopFlag(deadline))
-
-    def rows(self, job: RayJob) -> int:
-        return job.n_rows
+    def prepare(self, request: Request, *, limits: Limits, deadline: float | None = None) -> RayJob:
+        """(Prepared and counted against the limits in the replica, as `laya serve` does in its engine.)"""
+        return RayJob(request, limits, cancelled=StopFlag(deadline))
 
     def serve_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """(Ray's handles bring their replies to whichever loop awaits them.)"""
 
-    def plan(self, states: list[Any], questions: list[Question], *, limits: Limits, **options: Any
-             ) -> dict[str, Any]:
+    def plan(self, request: Request, *, limits: Limits) -> dict[str, Any]:
         """A replica's plan of the request. Blocking (the app calls it on a worker thread); none
         answering within `wait_s`: `Unavailable`."""
         try:
-            reply = self.handle.plan.remote(states, questions, limits, options).result(timeout_s=self.wait_s)
+            reply = self.handle.plan.remote(request, limits).result(timeout_s=self.wait_s)
         except TimeoutError:
             raise self._late("planned the request") from None
         except RayActorError:
@@ -286,8 +274,7 @@ class RayEngine:
         deadline = time.monotonic() + self.wait_s
         for attempt in (1, 2):
             # the request's own deadline crosses as the seconds it has left (another host's clock is not ours)
-            response = self.handle.answer.remote(job.states, job.questions, job.limits, job.options,
-                                                 job.cancelled.remaining())
+            response = self.handle.answer.remote(job.request, job.limits, job.cancelled.remaining())
             try:
                 reply = await asyncio.wait_for(_result(response), max(0.1, deadline - time.monotonic()))
             except asyncio.CancelledError:
@@ -297,7 +284,7 @@ class RayEngine:
                 response.cancel()
                 raise self._late("answered") from None
             except RayActorError as exc:
-                log.warning("a replica of %s died under a request (attempt %d): %s", self.name, attempt,
+                log.warning("a replica of %s died under a request (attempt %d): %s", self.info.name, attempt,
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 continue
             results, timing = _answered(reply)
@@ -306,10 +293,10 @@ class RayEngine:
 
     def _late(self, did: str) -> Unavailable:
         """No replica did it within `wait_s`: the 503 with Retry-After, never a hang."""
-        return Unavailable(f"no replica of {self.name} {did} within {self.wait_s:g} s", self.retry_after_s)
+        return Unavailable(f"no replica of {self.info.name} {did} within {self.wait_s:g} s", self.retry_after_s)
 
     def _gone(self) -> Unavailable:
-        return Unavailable(f"the replicas of {self.name} went away under the request", self.retry_after_s)
+        return Unavailable(f"the replicas of {self.info.name} went away under the request", self.retry_after_s)
 
 
 def _answered(reply: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -328,7 +315,7 @@ async def _result(response: Any) -> Any:
 class Ingress:
     """The HTTP side: `create_app` over one RayEngine per model deployment."""
 
-    async def __init__(self, config: RayAppConfig, models: list[DeploymentHandle]):
+    async def __init__(self, config: RayAppConfig, models: list[DeploymentHandle]):  # type: ignore[misc]  # Serve awaits it
         configure_logging()
         server = config.server
         if not server.api_key and os.environ.get(API_KEY_ENV):
@@ -361,14 +348,14 @@ def application(config: RayAppConfig) -> Any:
                                    else {"num_replicas": m.num_replicas})
         # Serve's drain is laya serve's: a replica being stopped takes no new request and finishes
         # what it holds for at most --drain-s before it is killed.
-        handles.append(ModelReplica.options(
+        handles.append(ModelReplica.options(  # type: ignore[attr-defined]  # added by @serve.deployment
             name=m.deployment, max_ongoing_requests=m.max_ongoing_requests,
             graceful_shutdown_timeout_s=config.server.drain_s,
             ray_actor_options={"num_cpus": m.num_cpus if m.num_cpus is not None else m.threads},
             **scaling).bind(m))
     # The ingress takes every request so the app's own admission decides (429 at the door), rather
     # than Serve's proxy queueing them out of sight.
-    ingress = Ingress.options(num_replicas=config.ingress_replicas,
+    ingress = Ingress.options(  # type: ignore[attr-defined]  # added by @serve.deploymentnum_replicas=config.ingress_replicas,
                               max_ongoing_requests=max(256, 4 * config.server.max_concurrency),
                               graceful_shutdown_timeout_s=config.server.drain_s)
     return ingress.bind(config, handles)
@@ -387,17 +374,17 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
     a local one on the loopback interface. True when this process started it."""
     if ray.is_initialized():
         return False
-    quiet = {"logging_level": logging.WARNING, "configure_logging": True}
+    quiet = logging.WARNING
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, **quiet)
+        ray.init(address=address, logging_level=quiet, configure_logging=True)
         return False
     try:
-        ray.init(address="auto", **quiet)
+        ray.init(address="auto", logging_level=quiet, configure_logging=True)
         return False
     except ConnectionError:
         pass
     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, _node_ip_address="127.0.0.1",
-             **quiet)
+             logging_level=quiet, configure_logging=True)
     return True
 
 
@@ -437,7 +424,7 @@ def proxy_address(host: str, port: int) -> tuple[str, int]:
     try:
         from ray.serve.context import _get_global_client
 
-        actual = _get_global_client().http_config
+        actual = _get_global_client().http_config  # type: ignore[union-attr]  # None: caught below
     except Exception:  # noqa: BLE001 - a private API; without it the address asked for is reported
         return host, port
     if (actual.host, actual.port) != (host, port):

@@ -7,12 +7,13 @@ building rows), batching them and running them. So a flood of requests the HTTP 
 cannot take the interpreter away from inference.
 
 One round trip a request, over one duplex pipe of `(kind, id, payload)` messages: `run` carries the
-validated request (states, questions, limits, the seconds left before its deadline, options, the send
-time) and is answered by its results and timing, or by its refusal; `plan` carries a request to be
-prepared and reported on, never run (`laya.plan`), answered by the plan. A question set the engine
-process already holds under the same limits travels as its slot number. A cancel is no message: the HTTP side writes the
-request's id on a shared board that its stop flag reads where it runs, so an abandoned request stops
-between forward passes there too, with nobody there to read the pipe meanwhile.
+validated `Request` (its states, its questions and options, the limits, the seconds left before its
+deadline, the send time) and is answered by its results and timing, or by its refusal; `plan` carries
+a request to be prepared and reported on, never run (`laya.plan`), answered by the plan. Questions and
+options the engine process already holds under the same limits travel as their slot number. A cancel is
+no message: the HTTP side writes the request's id on a shared board that its stop flag reads where it
+runs, so an abandoned request stops between forward passes there too, with nobody there to read the
+pipe meanwhile.
 
 No thread stands between a request and its forward pass on either side. The HTTP side writes and
 reads the pipe on the server's event loop (`laya.server.pipe`): a reply settles the waiting
@@ -50,19 +51,21 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from laya.encoder.runtimes.placement import dedicate_this_thread
+from laya.engine import EngineInfo, Timing
 from laya.errors import LayaError, QuestionError
 from laya.limits import UNLIMITED, Limits
-from laya.questions import Questions
+from laya.native.placement import dedicate_this_thread
+from laya.request import Options, Request
 from laya.response import SystemOneResponse
 from laya.server import heap
-from laya.server.batcher import Timing, Unavailable, run_together
+from laya.server.batcher import Unavailable, run_together
 from laya.server.pipe import Pipe, on_loop, own_loop, pickled
 from laya.stop import StopFlag, after
 
@@ -173,11 +176,11 @@ class _Link:
         if not self.alive:
             raise EngineDied("the engine process is gone")
         self.sending(rid, max(1, job.n_rows))
-        questions = job.questions
-        if not isinstance(questions, list) or not on_loop(self.pipe.loop):  # sent whole
-            self.pipe.send(("run", rid, job.payload((None, questions, job.limits))))
+        request = job.request
+        if not on_loop(self.pipe.loop):  # sent whole
+            self.pipe.send(("run", rid, job.payload((None, request.questions, request.options, job.limits))))
             return
-        key = (tuple(questions), job.limits)
+        key = (request.questions, request.options, job.limits)
         slot = self.known.get(key)
         if slot is not None:
             self.known.move_to_end(key)
@@ -185,7 +188,7 @@ class _Link:
             return
         full = len(self.known) >= QUESTION_SLOTS
         slot = next(iter(self.known.values())) if full else len(self.known)
-        self.pipe.send(("run", rid, job.payload((slot, questions, job.limits))))
+        self.pipe.send(("run", rid, job.payload((slot, request.questions, request.options, job.limits))))
         if full:
             self.known.popitem(last=False)
         self.known[key] = slot
@@ -292,27 +295,33 @@ class _Watched(StopFlag):
         return self._set or self._board[self._rid % len(self._board)] == self._rid or self.expired
 
 
+# questions, options and limits as a run carries them: a slot the engine process holds, or
+# (the slot to keep them in or None, questions, options, limits)
+Kept = int | tuple[int | None, tuple, Options, Limits]
+
+
 @dataclass(eq=False)
 class RemoteJob:
     """A validated request, packed to be prepared and run in the engine process; `token` and `link`
-    name where it was last sent (what a cancel goes to)."""
+    name where it was last sent (what a cancel goes to). Its rows are the request's (the engine process
+    counts a tournament's and a scan's exactly where it prepares them)."""
 
-    states: list[Any]
-    questions: Questions
+    request: Request
     limits: Limits
-    options: dict[str, Any]
-    n_rows: int
     token: int = 0
     link: _Link | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
 
-    def payload(self, kept: int | tuple[int | None, Questions, Limits]) -> tuple[Any, ...]:
-        """What `run` carries: the questions and limits as `_Link.send_run` refers to them (a slot the
-        engine process holds, or `(slot to keep them in or None, questions, limits)`), and the send
-        time on `time.monotonic()`, which is the machine's (its boot clock on Linux and macOS) and so
-        the engine process's too: its queue time counts what the request waited in the pipe while a
-        forward pass ran."""
-        return self.states, kept, self.cancelled.remaining(), self.options, time.monotonic()
+    @property
+    def n_rows(self) -> int:
+        return self.request.rows
+
+    def payload(self, kept: Kept) -> tuple[Any, ...]:
+        """What `run` carries: the states, the questions, options and limits as `_Link.send_run` refers to
+        them (`Kept`), and the send time on `time.monotonic()`, which is the machine's (its boot clock on
+        Linux and macOS) and so the engine process's too: its queue time counts what the request waited in
+        the pipe while a forward pass ran."""
+        return self.request.states, kept, self.cancelled.remaining(), time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -325,7 +334,7 @@ class Batching:
 
 
 class RemoteEngine:
-    batches_where_it_runs = True  # the engine process coalesces what queued while it was busy
+    """The engine process's model, behind `ForwardingEngine`: it coalesces what queued while it was busy."""
 
     def __init__(self, load: Any, start_timeout_s: float | None = None, policy: RestartPolicy | None = None,
                  batching: Batching | None = None):
@@ -351,7 +360,8 @@ class RemoteEngine:
         began = time.monotonic()
         self._link, info = self._spawn()
         self.start_s = time.monotonic() - began
-        self.name, self.description, self.release_date, self._describe = info
+        self.info: EngineInfo = info[0]
+        self._describe: dict[str, Any] = info[1]
         # Restarts are started from a thread made here, at the CPU priority the engine has. A thread (and
         # a process it starts) takes the priority of the thread that made it, and the HTTP loop lowers its
         # own once the engines are loaded (`ServerConfig.http_nice`) so that inference wins under load: an
@@ -402,7 +412,7 @@ class RemoteEngine:
             while self._deaths and now - self._deaths[0] > self.policy.window_s:
                 self._deaths.popleft()
             self.last_death = {"at": _now_iso(), "reason": reason, "instance": link.instance}
-            why = f"the engine process of {self.name} died: {reason}"
+            why = f"the engine process of {self.info.name} died: {reason}"
             if len(self._deaths) >= self.policy.max_deaths:
                 self._set_state("down", f"{why}; it died {len(self._deaths)} times within "
                                         f"{self.policy.window_s:g} s, so it stays down until the server restarts")
@@ -427,7 +437,7 @@ class RemoteEngine:
                 link = self._link
             if link.alive and not link.hung and (why := self.hung(link)):
                 link.hung = why
-                log.error("the engine process of %s is hung (%s): killing it to restart it", self.name, why)
+                log.error("the engine process of %s is hung (%s): killing it to restart it", self.info.name, why)
                 with contextlib.suppress(OSError):
                     link.process.kill()
 
@@ -448,7 +458,7 @@ class RemoteEngine:
         try:
             link, _ = self._spawn()
         except BaseException as exc:  # noqa: BLE001 - a failed restart counts as one more death
-            log.error("restarting the engine process of %s failed: %s", self.name, exc)
+            log.error("restarting the engine process of %s failed: %s", self.info.name, exc)
             self._on_exit(self._link, f"its restart failed ({type(exc).__name__}: {exc})")
             return
         with self._lock:
@@ -463,7 +473,7 @@ class RemoteEngine:
             self.start_s = time.monotonic() - began
             self._set_state("ready", "")
         log.warning("the engine process of %s is back (pid %d, restart %d, %.1f s to load and warm up)",
-                    self.name, link.process.pid, self.restarts, self.start_s)
+                    self.info.name, link.process.pid, self.restarts, self.start_s)
 
     def retry_after(self) -> int:
         """Whole seconds until the model is expected to answer again."""
@@ -473,13 +483,13 @@ class RemoteEngine:
         return max(1, min(60, math.ceil(left)))
 
     def _unavailable(self) -> Unavailable:
-        return Unavailable(f"model {self.name} is {self.state}: {self.reason}", self.retry_after())
+        return Unavailable(f"model {self.info.name} is {self.state}: {self.reason}", self.retry_after())
 
     def _link_now(self) -> _Link:
         """The live process's link; `Unavailable` while there is none."""
         link = self._link
         if self.state == "ready" and not link.alive:  # its pipe just ended; the supervisor is told next
-            raise Unavailable(f"model {self.name} is restarting: its engine process ended", self.retry_after())
+            raise Unavailable(f"model {self.info.name} is restarting: its engine process ended", self.retry_after())
         if self.state != "ready":
             raise self._unavailable()
         return link
@@ -499,16 +509,12 @@ class RemoteEngine:
         link.pipe.move_to(loop)
 
     # the Engine shape
-    def prepare(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-                deadline: float | None = None, **options: Any) -> RemoteJob:
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> RemoteJob:
         """Packed, not prepared: the engine process prepares it (and refuses it, naming why) as it
         arrives there."""
-        job = RemoteJob(states, questions, limits, options, n_rows=len(states) * len(questions))
+        job = RemoteJob(request, limits)
         job.cancelled = _CancelFlag(job, deadline)
         return job
-
-    def rows(self, job: RemoteJob) -> int:
-        return job.n_rows
 
     async def submit(self, job: RemoteJob) -> tuple[list[SystemOneResponse], Timing]:
         """The job's answers from the engine process, in one round trip. A job whose process dies
@@ -530,7 +536,7 @@ class RemoteEngine:
         rid, future = link.expect()
         job.token, job.link = rid, link
         try:
-            if _small(job.states):
+            if _small(job.request.states):
                 link.send_run(rid, job)
             else:  # megabytes to pickle and write: off the event loop
                 await asyncio.to_thread(link.send_run, rid, job)
@@ -539,8 +545,7 @@ class RemoteEngine:
             link.forget(rid)
             raise
 
-    def plan(self, states: list[Any], questions: Questions, *, limits: Limits = UNLIMITED,
-             **options: Any) -> dict[str, Any]:
+    def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """The engine process's plan of the request (one `plan` round trip; it prepares, runs nothing).
         Blocking: the server calls it on a worker thread."""
         link = self._link_now()
@@ -548,12 +553,12 @@ class RemoteEngine:
         try:
             rid, future = link.expect()
             link.sending(rid, 1)
-            link.send("plan", rid, (states, questions, limits, options))
-            return future.result(timeout=PLAN_TIMEOUT_S)
+            link.send("plan", rid, (request, limits))
+            return cast(Future, future).result(timeout=PLAN_TIMEOUT_S)  # off the loop: a thread's future
         except EngineDied:
             raise self._unavailable() from None
         except FutureTimeout:
-            raise Unavailable(f"model {self.name} did not plan the request within {PLAN_TIMEOUT_S:g} s",
+            raise Unavailable(f"model {self.info.name} did not plan the request within {PLAN_TIMEOUT_S:g} s",
                               self.retry_after()) from None
         finally:
             link.forget(rid)
@@ -605,7 +610,7 @@ def _serve_engine(conn, load, batching: Batching, board) -> None:
     """The engine process: load, warm up, then serve `run` and `plan` until the pipe closes."""
     try:
         engine = load()
-        name_this_process(f"laya:{engine.name}")
+        name_this_process(f"laya:{engine.info.name}")
         dedicate_this_thread()  # this thread runs the forward passes, and reads and prepares only between them
         engine.warmup()
         heap.freeze_loaded()  # this process lives for its engine: nothing is thawed
@@ -613,8 +618,7 @@ def _serve_engine(conn, load, batching: Batching, board) -> None:
         conn.send(("failed", 0, exc if isinstance(exc, LayaError) else portable(exc)))
         return
     try:
-        conn.send(("ready", 0, (engine.name, engine.description, engine.release_date,
-                                engine.describe())))
+        conn.send(("ready", 0, (engine.info, engine.describe())))
     except OSError:  # the server went away while this process loaded
         return
     _Served(engine, conn, board).serve(batching)
@@ -637,7 +641,7 @@ class _Served:
     def __init__(self, engine: Any, conn: Any, board: Any):
         self.engine, self.conn, self.board = engine, conn, board
         self.prepared: deque[_Queued] = deque()
-        self.kept: dict[int, tuple[Questions, Limits]] = {}  # slot -> questions and limits, as the HTTP side gave them
+        self.kept: dict[int, tuple[tuple, Options, Limits]] = {}  # slot -> questions, options, limits as sent
         self.aside: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()  # from the preparing thread
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -654,29 +658,30 @@ class _Served:
 
     def prepare(self, rid: int, payload: Any) -> _Queued | None:
         """The job of a `run`, its stop flag the board's; a refusal goes back at once (None)."""
-        states, kept, seconds_left, options, sent = payload
+        states, kept, seconds_left, sent = payload
         try:
             if isinstance(kept, int):  # a slot the HTTP side filled before
-                questions, limits = self.kept[kept]
+                questions, options, limits = self.kept[kept]
             else:
-                slot, questions, limits = kept
+                slot, questions, options, limits = kept
                 if slot is not None:  # to keep for the requests that follow
-                    self.kept[slot] = questions, limits
-            job = self.engine.prepare(states, questions, limits=limits, deadline=after(seconds_left), **options)
+                    self.kept[slot] = questions, options, limits
+            request = Request(states, questions, options)
+            job = self.engine.prepare(request, limits=limits, deadline=after(seconds_left))
         except Exception as exc:  # noqa: BLE001 - a refusal travels back as it is
             self.reply("err", rid, portable(exc))
             return None
         job.cancelled = _Watched(job.cancelled.deadline, self.board, rid)
-        return _Queued(rid, job, self.engine.rows(job), min(sent, time.monotonic()))
+        return _Queued(rid, job, job.n_rows, min(sent, time.monotonic()))
 
     def prepare_aside(self, rid: int, payload: Any) -> None:
         self.aside.put(self.prepare(rid, payload))
         os.write(self.wake_w, b"!")
 
     def plan(self, rid: int, payload: Any) -> None:
-        states, questions, limits, options = payload
+        request, limits = payload
         try:
-            self.reply("ok", rid, self.engine.plan(states, questions, limits=limits, **options))
+            self.reply("ok", rid, self.engine.plan(request, limits=limits))
         except Exception as exc:  # noqa: BLE001 - travels back as it is
             self.reply("err", rid, portable(exc))
 
@@ -742,7 +747,7 @@ class _Served:
             outcome = done.get(id(item), [])
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, QuestionError):
-                    log.error("inference failed on %s", self.engine.name, exc_info=outcome)
+                    log.error("inference failed on %s", self.engine.info.name, exc_info=outcome)
                 self.reply("err", item.rid, portable(outcome))
                 continue
             timing = Timing(queue_ms=(began - item.queued) * 1000.0, inference_ms=seconds * 1000.0,
@@ -756,7 +761,7 @@ PLAN_TIMEOUT_S = 30.0  # a plan prepares at most four times a request's limits; 
 SMALL_PREPARE_CHARS = 4096  # a request whose states are this short is prepared as it is read
 
 
-def _small(states: list[Any]) -> bool:
+def _small(states: Sequence[Any]) -> bool:
     """One state of a few thousand characters at most: preparing (or pickling) it is quick enough to
     do in the thread that reads the pipe (or the HTTP side's event loop)."""
     return len(states) == 1 and isinstance(states[0], str) and len(states[0]) <= SMALL_PREPARE_CHARS

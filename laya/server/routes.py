@@ -2,8 +2,8 @@
 its configuration, metrics and admission), which `create_app` puts on `app.state.context`.
 
 A decision request goes in a straight line: `read_json` (media type, body, JSON, one validation into
-a typed `SystemOneRequest`), `resolve` (the model), `answer` (admission in rows, the engine's
-`prepare` off the event loop, the batcher, the deadline and the caller's disconnect watched).
+a typed `Request`), `resolve` (the model), `answer` (admission in rows, the engine's `prepare` off the
+event loop, the batcher, the deadline and the caller's disconnect watched).
 """
 
 from __future__ import annotations
@@ -15,27 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from laya.api import (
-    ALIASES,
-    ApiError,
-    SystemOneRequest,
-    check_size,
-    error_body,
-    parse_systemone,
-    question_error,
-    usage_error,
-)
+from laya.api import ALIASES, ApiError, error_body, question_error, usage_error
+from laya.auth import key_given
+from laya.engine import ForwardingEngine
 from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.plan import HEADROOM, merged
-from laya.questions import Question
 from laya.redaction import redact, redacted
+from laya.request import Request, check_size, parse_request
 from laya.response import SystemOneResponse
-from laya.router import AUTO, by_role, roles_of
+from laya.routing.router import AUTO, by_role, roles_of
 from laya.schema import chat_schema, request_schema
 from laya.server.admission import Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
@@ -43,7 +37,7 @@ from laya.server.body import check_media_type, check_tree, decode, decoded_withi
 from laya.server.call import Call, Reply, endpoint
 from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
-from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, key_given, request_timeout, timeout_error
+from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
 
 STATIC = Path(__file__).parent / "static"
 # A body of at most this many bytes (decoded) is parsed, validated and prepared on the event loop:
@@ -72,7 +66,7 @@ class Context:
         rates = [b.drain.rows_per_s for b in self.served.batchers.values() if b.drain.rows_per_s]
         return min(rates) if rates else None
 
-    def check_auth(self, request: Call | Request, missing: int = 403) -> None:
+    def check_auth(self, request: Call | HTTPRequest, missing: int = 403) -> None:
         """The key, when the server has one. A missing key is a 403 in System One's contract; the
         OpenAI routes pass `missing=401`, what OpenAI's clients expect for both cases."""
         if not self.authorized(request):
@@ -81,7 +75,7 @@ class Context:
                                   "missing API key: send 'Authorization: Bearer <key>'")
             raise usage_error(401, "authentication_error", "invalid API key")
 
-    def authorized(self, request: Call | Request) -> bool:
+    def authorized(self, request: Call | HTTPRequest) -> bool:
         return key_given(request.headers.get("authorization"), self.config.api_key)
 
     def resolve(self, name: str | None) -> str:
@@ -95,7 +89,7 @@ class Context:
                               f"unknown model {name!r}; this server serves {', '.join(self.served.engines)}")
         return name
 
-    async def read_json(self, request: Call, batch: bool = False, plan: bool = False) -> SystemOneRequest:
+    async def read_json(self, request: Call, batch: bool = False, plan: bool = False) -> Request:
         """The validated request: media type, body and JSON checked, parsed off the event loop. A
         plan's body is a request's (`state`, or `states` as for /batch), counted against the limits
         times `laya.plan.HEADROOM`, so that the plan can say by how much it is over."""
@@ -104,15 +98,13 @@ class Context:
         def many(body: Any) -> bool:
             return batch or (plan and isinstance(body, dict) and "states" in body and "state" not in body)
 
-        def validate(body: Any) -> SystemOneRequest:
-            if plan:
-                request.state.many = many(body)
+        def sized(body: Any) -> Any:
             if isinstance(body, dict):
                 check_size(body, many(body), limits)  # counted before anything is walked or validated
             return body
 
-        return await self.read_body(request, validate, lambda body: parse_systemone(
-            body, batch=many(body), limits=limits, from_json=True))
+        return await self.read_body(request, sized, lambda body: parse_request(
+            body, batch=many(body), limits=limits, from_json=True, sized=True))
 
     async def read_body(self, request: Call, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
         """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then
@@ -153,23 +145,22 @@ class Context:
         deadline = request.scope["state"].get("deadline")
         return (deadline if deadline is not None else time.monotonic() + budget), budget
 
-    async def answer(self, request: Call, name: str, states: list[Any], questions: list[Question], **options: Any
-                     ) -> list[SystemOneResponse]:
+    async def answer(self, request: Call, name: str, req: Request) -> list[SystemOneResponse]:
         engine, batcher = self.served.engines[name], self.served.batchers[name]
         deadline, budget = self.deadline_of(request)
-        rows = len(states) * len(questions)
-        self.admission.note_rows(rows)
+        rows = req.rows
+        if self.admission is not None:
+            self.admission.note_rows(rows)
         try:  # admission in rows, before tokenising: under overload a 429 must cost next to nothing
             batcher.reserve(rows)
         except Overloaded as exc:
             raise self.overloaded(str(exc), exc.retry_after) from exc
         try:
-            if engine.batches_where_it_runs or request.state.inline:  # a small request (or one packed for
-                # the process that prepares it) is prepared here: cheaper than the hop to a thread
-                job = engine.prepare(states, questions, limits=self.config.limits, deadline=deadline, **options)
+            if isinstance(engine, ForwardingEngine) or request.state.inline:  # a small request (or one packed
+                # for the process that prepares it) is prepared here: cheaper than the hop to a thread
+                job = engine.prepare(req, limits=self.config.limits, deadline=deadline)
             else:
-                job = await run_in_threadpool(engine.prepare, states, questions, limits=self.config.limits,
-                                              deadline=deadline, **options)
+                job = await run_in_threadpool(engine.prepare, req, limits=self.config.limits, deadline=deadline)
         except QuestionError as exc:
             batcher.release(rows)
             raise question_error(exc) from exc
@@ -179,8 +170,8 @@ class Context:
         except BaseException:
             batcher.release(rows)
             raise
-        request.state.log.update(model=name, questions=len(questions), states=len(states))
-        work = engine.rows(job)  # a tournament takes more rows than states x questions
+        request.state.log.update(model=name, questions=len(req.questions), states=len(req.states))
+        work = job.n_rows  # what only the model counts: a tournament its row cannot hold, a scan's windows
         batcher.resize(rows, work)
         # awaited in this request's own task (which the watch cancels), not in a task of its own: a
         # task between them cost a turn of the event loop on the way to the engine and one back
@@ -209,7 +200,7 @@ class Context:
             raise usage_error(500, "internal_error", f"inference failed; request id {request.state.rid}") from exc
         finally:
             watch.close()
-        if len(results) != len(states) and job.cancelled.is_set():  # stopped by its deadline where it ran
+        if len(results) != len(req.states) and job.cancelled.is_set():  # stopped by its deadline where it ran
             request.state.log.update(timed_out=True)
             raise timeout_error(budget, self.config)
         request.state.log.update(input_tokens=sum(r.input_tokens for r in results),
@@ -222,7 +213,7 @@ class Context:
 
     async def routed(self, request: Call, states: list[Any], lang: str | None
                      ) -> tuple[dict[str, str], list[Any]]:
-        """For "auto": the served model of each role and each state's route (laya.router), or the 404
+        """For "auto": the served model of each role and each state's route (laya.routing.router), or the 404
         of a server that does not serve both an English and a multilingual model (503 while loading)."""
         self.resolve(None)
         roles = roles_of(list(self.served.engines))
@@ -238,35 +229,33 @@ class Context:
 
         return roles, (routes_of() if request.state.inline else await run_in_threadpool(routes_of))
 
-    async def answer_as(self, request: Call, model: str | None, states: list[Any], questions: list[Question],
-                        lang: str | None = None, **options: Any) -> tuple[str, list[SystemOneResponse]]:
+    async def answer_as(self, request: Call, req: Request) -> tuple[str, list[SystemOneResponse]]:
         """`answer` by the model a request names, or, for "auto", each state by the model its script
-        and language route it to (laya.router), the route reported on its answer."""
-        if model != AUTO or AUTO in self.served.engines:
-            name = self.resolve(model)
-            return name, await self.answer(request, name, states, questions, **options)
-        roles, routes = await self.routed(request, states, lang)
-        out: list[SystemOneResponse | None] = [None] * len(states)
+        and language route it to (laya.routing.router), the route reported on its answer."""
+        if req.model != AUTO or AUTO in self.served.engines:
+            name = self.resolve(req.model)
+            return name, await self.answer(request, name, req)
+        roles, routes = await self.routed(request, list(req.states), req.lang)
+        out: list[SystemOneResponse | None] = [None] * len(req.states)
         for role, idx in by_role(routes):  # one model after the other: a request's states rarely need both
             name = roles[role]
-            for i, result in zip(idx, await self.answer(request, name, [states[i] for i in idx], questions,
-                                                        **options)):
+            share = req.with_states([req.states[i] for i in idx])
+            for i, result in zip(idx, await self.answer(request, name, share)):
                 result.routed_to, result.route_reason = name, routes[i].reason
                 out[i] = result
         request.state.log.update(model=AUTO)
         return AUTO, out  # type: ignore[return-value]
 
-    async def plan(self, request: Call, name: str, states: list[Any], questions: list[Question],
-                   options: dict[str, Any]) -> dict[str, Any]:
+    async def plan(self, request: Call, name: str, req: Request) -> dict[str, Any]:
         """One served model's plan of the request, prepared on a worker thread (or in its engine process)
         within the request's deadline. A plan runs no forward pass, so it takes nothing from the rows
         decisions queue for: the door bounds plans in flight (a share of its own) instead."""
         engine = self.served.engines[name]
         deadline, budget = self.deadline_of(request)
-        request.state.log.update(model=name, questions=len(questions), states=len(states), plan=True)
+        request.state.log.update(model=name, questions=len(req.questions), states=len(req.states), plan=True)
         try:
-            out = await asyncio.wait_for(run_in_threadpool(engine.plan, states, questions, limits=self.config.limits,
-                                                           **options), timeout=max(0.0, deadline - time.monotonic()))
+            out = await asyncio.wait_for(run_in_threadpool(engine.plan, req, limits=self.config.limits),
+                                         timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             request.state.log.update(timed_out=True)
             raise timeout_error(budget, self.config) from None
@@ -277,16 +266,15 @@ class Context:
         out["model"] = name
         return out
 
-    async def plan_auto(self, request: Call, states: list[Any], questions: list[Question], lang: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
+    async def plan_auto(self, request: Call, req: Request) -> dict[str, Any]:
         """For "auto": each state planned on the model its route takes (as `answer_as` answers it), in
         the request's order; a figure's worst over the models' plans is the request's."""
-        roles, routes = await self.routed(request, states, lang)
-        out_states: list[Any] = [None] * len(states)
+        roles, routes = await self.routed(request, list(req.states), req.lang)
+        out_states: list[Any] = [None] * len(req.states)
         plans = []
         for role, idx in by_role(routes):
             name = roles[role]
-            one = await self.plan(request, name, [states[i] for i in idx], questions, options)
+            one = await self.plan(request, name, req.with_states([req.states[i] for i in idx]))
             plans.append(one)
             for i, entry in zip(idx, one["states"]):
                 out_states[i] = {**entry, "routed_to": name, "route_reason": routes[i].reason}
@@ -341,7 +329,7 @@ class Watch:
             self._check.cancel()
 
 
-async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+async def api_error(request: HTTPRequest, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
 
 
@@ -350,9 +338,7 @@ async def systemone(request: Call) -> Reply:
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     req = await ctx.read_json(request)
-    _, (result,) = await ctx.answer_as(request, req.model, [req.state], req.questions, req.lang,
-                                       reuse_prefix=req.reuse_prefix, tournament=req.tournament,
-                                       overflow=req.overflow)
+    _, (result,) = await ctx.answer_as(request, req)
     return Reply(result.to_json())
 
 
@@ -361,9 +347,7 @@ async def systemone_batch(request: Call) -> Reply:
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     req = await ctx.read_json(request, batch=True)
-    name, results = await ctx.answer_as(request, req.model, req.state, req.questions, req.lang,
-                                        reuse_prefix=req.reuse_prefix, tournament=req.tournament,
-                                        overflow=req.overflow)
+    name, results = await ctx.answer_as(request, req)
     total = sum(r.input_tokens for r in results)
     return Reply({"model": name, "results": [r.to_json() for r in results],
                   "total_usage": {"input_tokens": total, "output_tokens": 0}})
@@ -375,15 +359,13 @@ async def systemone_plan(request: Call) -> Reply:
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     req = await ctx.read_json(request, plan=True)
-    states = req.state if request.state.many else [req.state]
-    options = {"reuse_prefix": req.reuse_prefix, "tournament": req.tournament, "overflow": req.overflow}
     if req.model == AUTO and AUTO not in ctx.served.engines:
-        return Reply(await ctx.plan_auto(request, states, req.questions, req.lang, options))
+        return Reply(await ctx.plan_auto(request, req))
     name = ctx.resolve(req.model)
-    return Reply(await ctx.plan(request, name, states, req.questions, options))
+    return Reply(await ctx.plan(request, name, req))
 
 
-async def models(request: Request):
+async def models(request: HTTPRequest):
     """Served models and the jev aliases, in Jev's shape (`models`) and OpenAI's (`object`, `data`) in one
     body, so `client.models.list()` of OpenAI's SDK lists what a System One client lists."""
     ctx: Context = request.app.state.context
@@ -396,7 +378,7 @@ async def models(request: Request):
                             status_code=exc.status, headers={"WWW-Authenticate": 'Bearer realm="laya"'})
     out = []
     for n, e in ctx.served.engines.items():
-        entry = {"name": n, "description": redact(e.description), "release_date": e.release_date or "2026-01-01"}
+        entry = {"name": n, "description": redact(e.info.description), "release_date": e.info.release_date}
         described = e.describe()
         entry |= {f"x_{key}": described[key] for key in ("runtime", "precision") if key in described}
         if (readout := described.get("readout")) is not None:  # a GGUF's readout profile
@@ -404,19 +386,19 @@ async def models(request: Request):
         out.append(entry)
     if ctx.served.default:
         out += [{"name": alias, "description": f"alias of {ctx.served.default}",
-                 "release_date": ctx.served.engines[ctx.served.default].release_date or "2026-01-01"}
+                 "release_date": ctx.served.engines[ctx.served.default].info.release_date}
                 for alias in ALIASES]
     roles = roles_of(list(ctx.served.engines))
     if roles and AUTO not in ctx.served.engines:
         out.append({"name": AUTO, "description": f"each state to {roles['english']} or {roles['multilingual']} by "
                                                  "its script and language",
-                    "release_date": ctx.served.engines[roles["multilingual"]].release_date or "2026-01-01"})
+                    "release_date": ctx.served.engines[roles["multilingual"]].info.release_date})
     created = int(ctx.served.started_at)
     return {"models": out, "object": "list",
             "data": [{"id": m["name"], "object": "model", "created": created, "owned_by": "laya"} for m in out]}
 
 
-async def health(request: Request):
+async def health(request: HTTPRequest):
     """Liveness: a status word for anyone; with the key (or with none configured) what is loaded, on
     which runtime and device, by names and digests (laya.redaction)."""
     ctx: Context = request.app.state.context
@@ -431,7 +413,7 @@ async def health(request: Request):
                      "load_errors": ctx.served.load_errors})
 
 
-async def ready(request: Request):
+async def ready(request: HTTPRequest):
     """200 while every model can answer; 503 while loading, while a model's engine process is
     restarting or down (naming it and why), and while the server drains to stop."""
     ctx: Context = request.app.state.context
@@ -452,7 +434,7 @@ async def ready(request: Request):
     return JSONResponse(redacted(body), status_code=503, headers={"Retry-After": str(retry)})
 
 
-async def prometheus(request: Request):
+async def prometheus(request: HTTPRequest):
     ctx: Context = request.app.state.context
     if not ctx.config.public_metrics:
         ctx.check_auth(request, missing=401)
@@ -460,11 +442,11 @@ async def prometheus(request: Request):
     return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-async def demo(request: Request):
+async def demo(request: HTTPRequest):
     return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
 
 
-async def favicon(request: Request):
+async def favicon(request: HTTPRequest):
     return Response(status_code=204)
 
 

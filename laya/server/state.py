@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import time
@@ -10,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laya.api import ApiError, usage_error
-from laya.engine import Engine
+from laya.engine import AnyEngine
 from laya.limits import Limits
 from laya.server.batcher import MicroBatcher
 
@@ -51,7 +50,7 @@ class ServerConfig:
 class Served:
     """What the server has loaded; filled by a background thread so /ready can say 503 meanwhile."""
 
-    engines: dict[str, Engine] = field(default_factory=dict)
+    engines: dict[str, AnyEngine] = field(default_factory=dict)
     batchers: dict[str, MicroBatcher] = field(default_factory=dict)
     default: str | None = None
     ready: bool = False
@@ -76,15 +75,6 @@ class Served:
             if status.get("state") != "ready":
                 out[name] = status
         return out
-
-
-def key_given(authorization: str | None, api_key: str | None) -> bool:
-    """Whether a request may pass a server's key: none configured, or `Authorization: Bearer <key>`
-    carrying it (compared in constant time)."""
-    if not api_key:
-        return True
-    scheme, _, token = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 def request_timeout(raw: str | None, config: ServerConfig) -> tuple[float, str | None]:

@@ -183,7 +183,7 @@ def _noul(name: str, description: str | None) -> Field:
 
 def _score(path: str, name: str, prop: dict[str, Any], description: str | None) -> Field:
     lo, hi = prop.get("minimum"), prop.get("maximum")
-    if any(not isinstance(v, int) or isinstance(v, bool) for v in (lo, hi)):
+    if not isinstance(lo, int) or isinstance(lo, bool) or not isinstance(hi, int) or isinstance(hi, bool):
         raise SchemaError(f"{path}: a numeric field needs integer 'minimum' and 'maximum' to become a score", qid=name)
     if hi < lo:
         raise SchemaError(f"{path}: 'maximum' {hi} is below 'minimum' {lo}", qid=name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from laya.calibration.confidence import entropy_confidence
+from laya.decoding.confidence import entropy_confidence
 from laya.structured.gate import Threshold, apply_gate
 from laya.structured.plan import Field
 

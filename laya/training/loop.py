@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ class Trainer:
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, [lambda step, peak=peak: factor(step, peak) for peak in peaks])
+            self.optimizer, [partial(factor, peak=peak) for peak in peaks])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.history = History()
 

@@ -14,8 +14,8 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +111,28 @@ def train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathL
         torch.set_num_threads(threads_before)
 
 
+@dataclass
+class _Parts:
+    """The labelled lines, split: training, fitting (act head and temperatures) and measuring."""
+
+    records: list[Any]
+    train: list[Any]
+    fit: list[Any]
+    report: list[Any]
+
+
 def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, settings: Any, resume: bool,
            text_column: str, label_column: str, target_precision: float, quiet: bool, plots: bool
            ) -> dict[str, Any]:
     from laya.encoder.loading import load_model_checkpoint
-    from laya.training.act import fit_act_head, read_inputs
-    from laya.training.examples import check_rows
-    from laya.training.loop import Trainer
+    from laya.encoder.runtimes.pytorch import TorchRuntime
 
     out = Path(out)
-    epochs_dir = out / EPOCHS_DIR
     warnings_list: list[str] = []
 
     def warn(message: str) -> None:
         warnings_list.append(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     records = read_labelled(data, text_column=text_column, label_column=label_column) \
         if str(data).lower().endswith(".csv") else read_labelled(data)
@@ -134,29 +141,69 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
         source, _, kind = load_model_checkpoint(model)
     if kind is not None:
         raise CheckpointError(f"{model} is a {kind} bundle; fine-tune the checkpoint it was exported from")
+    parts = _split(records, settings, source, warn)
+    base = _load(source.path)
+    before = measure(_answers(base, parts.report), base.temperatures, 10)
+    net = TorchRuntime(source).net
+    trainer = _epochs(net, source, parts, settings, out / EPOCHS_DIR, resume, quiet)
+    act_record, net = _fitted_act_head(net, source, out, parts, settings.seed, warn)
+    trained, temps, thresholds, fit_evidence = _fitted_temperatures(net, source, out, parts, target_precision)
+    answers = _answers(trained, parts.report)
+    after = measure(answers, temps, 10)
+    _warn_if_collapsed(answers, temps, after, warn)
+    top, correct = top_and_correct(answers, temps)
+    act = np.array([s.evidence.act_probability for s in answers], dtype=float)
+    report = _report(data, model, parts, settings, trainer, before, after, answers, temps, target_precision,
+                     thresholds, warnings_list)
+    report["act_head"] = act_record | {"auroc": auroc(act, correct), "auroc_top_probability": auroc(top, correct),
+                                       "auroc_top_probability_untempered": auroc(_read_top1(answers), correct)}
+    report["act_head"]["coverage_curve"] = _curve(act, correct)
+    save_checkpoint(net, source, out, {
+        "fine_tuned": True, **temps.to_dict(),
+        "training": {"laya_train": asdict(settings), "train_report": _short(report),
+                     "abstention_thresholds": thresholds, "act_head": act_record | {
+                         "auroc": report["act_head"]["auroc"],
+                         "auroc_top_probability": report["act_head"]["auroc_top_probability"],
+                         "auroc_top_probability_untempered":
+                             report["act_head"]["auroc_top_probability_untempered"]}},
+    })
+    _write_report(out / REPORT_DIR, report, trainer.history, act, top, correct, plots)
+    for w in caught:  # the source checkpoint's own warnings (e.g. a clamped temperature), once, at the end
+        warnings.warn(str(w.message), w.category, stacklevel=2)
+    return report
+
+
+def _split(records: list[Any], settings: Any, source: Any, warn: Callable[[str], None]) -> _Parts:
+    """Training lines, and the held-out ones halved: one half fits the act head and the temperatures,
+    the other measures (so no figure is read on what fitted it)."""
+    from laya.training.examples import check_rows
+
     try:
         train_idx, held_idx = split(len(records), settings.holdout, settings.seed)
         fit_pos, report_pos = split(len(held_idx), 0.5, settings.seed + 1) if len(held_idx) >= 2 else ([], [])
     except ValueError:
         train_idx, held_idx, fit_pos, report_pos = [], [], [], []
-    train_records = _records_at(records, train_idx)
-    fit_records = [records[held_idx[i]] for i in fit_pos]
-    report_records = [records[held_idx[i]] for i in report_pos]
-    train_examples, fit_examples = examples_of(train_records), examples_of(fit_records)
-    if not train_examples or not fit_examples or not examples_of(report_records):
+    parts = _Parts(records, _records_at(records, train_idx), [records[held_idx[i]] for i in fit_pos],
+                   [records[held_idx[i]] for i in report_pos])
+    fit_examples, report_examples = examples_of(parts.fit), examples_of(parts.report)
+    if not examples_of(parts.train) or not fit_examples or not report_examples:
         raise TrainingError(f"{len(records)} labelled lines cannot be split into training, fitting and measuring "
                             "parts with answers in each; label more lines (or change --holdout)")
     check_rows(source, examples_of(records))
-    heldout_answers = len(fit_examples) + len(examples_of(report_records))
+    heldout_answers = len(fit_examples) + len(report_examples)
     if heldout_answers < MIN_HELDOUT:
         warn(f"the held-out part holds only {heldout_answers} answers (fewer than {MIN_HELDOUT}): its accuracy, "
              "calibration and act-head figures mean little; label more data")
+    return parts
 
-    base = _load(source.path)
-    before = measure(_answers(base, report_records), base.temperatures, 10)
-    from laya.encoder.runtimes.pytorch import TorchRuntime
 
-    net = TorchRuntime(source).net
+def _epochs(net: Any, source: Any, parts: _Parts, settings: Any, epochs_dir: Path, resume: bool,
+            quiet: bool) -> Any:
+    """Train for the settings' epochs (from the last saved one with `resume`), saving each epoch's
+    checkpoint and trainer state; the network ends on the CPU."""
+    from laya.training.loop import Trainer
+
+    train_examples = examples_of(parts.train)
     steps_per_epoch = -(-len(train_examples) // settings.batch_size)
     trainer = Trainer(net, source, settings, steps_per_epoch * settings.epochs)
     if resume:
@@ -165,7 +212,7 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
         if not done:
             raise TrainingError(f"--resume: no epoch checkpoint under {epochs_dir}")
         state = trainer.load_state(done[-1][1])
-        if state.get("settings") != asdict(settings) or state.get("data_lines") != len(records):
+        if state.get("settings") != asdict(settings) or state.get("data_lines") != len(parts.records):
             raise TrainingError(f"--resume: {done[-1][1]} was trained with other settings or data "
                                 f"({state.get('settings')}); resume with the same ones")
         net.load_state_dict(state["weights"])
@@ -185,36 +232,42 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
         folder = epochs_dir / f"epoch-{epoch}"
         save_checkpoint(net, source, folder, {"fine_tuned": True, "training": {"laya_train": settings_record,
                                                                               "epoch": epoch}})
-        trainer.save_state(folder, {"settings": settings_record, "data_lines": len(records),
+        trainer.save_state(folder, {"settings": settings_record, "data_lines": len(parts.records),
                                     "weights": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}})
     if bar is not None:
         bar.close()
     net.to("cpu")
+    return trainer
 
-    # the act head, on the fitting half of the held-out lines, decision network frozen and read as it is
-    # saved and served (fp16 weights)
+
+def _fitted_act_head(net: Any, source: Any, out: Path, parts: _Parts, seed: int,
+                     warn: Callable[[str], None]) -> tuple[dict[str, Any], Any]:
+    """The act head, on the fitting half of the held-out lines, decision network frozen and read as
+    it is saved and served (fp16 weights): its record, and the network as saved."""
+    from laya.training.act import fit_act_head, read_inputs
+
+    fit_examples = examples_of(parts.fit)
     save_checkpoint(net, source, out, {})
     net = _load(out).runtime.net
     x, right = read_inputs(net, source, fit_examples)
-    act_record = fit_act_head(net, x, right, settings.seed)
-    act_record["fitted_on"] = f"{len(fit_examples)} held-out answers ({len(fit_records)} lines), decision frozen"
+    act_record = fit_act_head(net, x, right, seed)
+    act_record["fitted_on"] = f"{len(fit_examples)} held-out answers ({len(parts.fit)} lines), decision frozen"
     if not act_record["fitted"]:
         warn(f"act head not fitted (it reads the top probability): {act_record['why_not']}")
+    return act_record, net
 
-    # temperatures, on the same fitting half, with the weights as saved (fp16)
+
+def _fitted_temperatures(net: Any, source: Any, out: Path, parts: _Parts, target_precision: float
+                         ) -> tuple[Any, Any, dict[str, float], list[Any]]:
+    """Temperatures and abstention thresholds per bucket, on the fitting half, with the weights as
+    saved (fp16): the model that carries them, the temperatures, the thresholds and the evidence."""
     save_checkpoint(net, source, out, {})
     trained = _load(out)
-    fit_evidence = _answers(trained, fit_records)
+    fit_evidence = _answers(trained, parts.fit)
     fitted = fit_temperatures(fit_evidence)
     temps = Calibration(model="", temperature=dict(fitted.per_type),
                         temperature_by_options=dict(fitted.by_bucket)).over(trained.temperatures)
     trained.temperatures = temps
-
-    answers = _answers(trained, report_records)
-    after = measure(answers, temps, 10)
-    top, correct = top_and_correct(answers, temps)
-    act = np.array([s.evidence.act_probability for s in answers], dtype=float)
-    untempered = _read_top1(answers)
     fit_top, fit_correct = top_and_correct(fit_evidence, temps)
     thresholds = {}
     for key in sorted({bucket_key(s.evidence.qtype, s.evidence.n_options) for s in fit_evidence}):
@@ -222,7 +275,11 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
         value = choose_threshold(fit_top[idx], fit_correct[idx], target_precision)
         if value is not None:
             thresholds[key] = round(float(value), 6)
+    return trained, temps, thresholds, fit_evidence
 
+
+def _warn_if_collapsed(answers: Sequence[Any], temps: Any, after: dict[str, Any],
+                       warn: Callable[[str], None]) -> None:
     predicted = np.array([int(np.argmax(p)) for p in decode_all(answers, temps)])
     labels = np.array([s.label for s in answers])
     majority = float(np.bincount(labels).max() / len(labels))
@@ -232,14 +289,18 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
              f"and accuracy {after['overall']['accuracy']:.1%} is no better than always answering the most common "
              f"label ({majority:.1%}); try more epochs, higher learning rates, more data or another seed")
 
+
+def _report(data: Any, model: Any, parts: _Parts, settings: Any, trainer: Any, before: dict[str, Any],
+            after: dict[str, Any], answers: Sequence[Any], temps: Any, target_precision: float,
+            thresholds: dict[str, float], warnings_list: list[str]) -> dict[str, Any]:
     history = trainer.history
-    report: dict[str, Any] = {
+    return {
         "data": os.fspath(data), "model": os.fspath(model),
-        "split": {"seed": settings.seed, "holdout": settings.holdout, "train_lines": len(train_records),
-                  "fit_lines": len(fit_records), "report_lines": len(report_records),
-                  "train_answers": len(train_examples), "fit_answers": len(fit_examples),
+        "split": {"seed": settings.seed, "holdout": settings.holdout, "train_lines": len(parts.train),
+                  "fit_lines": len(parts.fit), "report_lines": len(parts.report),
+                  "train_answers": len(examples_of(parts.train)), "fit_answers": len(examples_of(parts.fit)),
                   "report_answers": len(answers)},
-        "settings": settings_record, "device": str(trainer.device),
+        "settings": asdict(settings), "device": str(trainer.device),
         "autocast": str(trainer.dtype).replace("torch.", "") if trainer.dtype else "fp32",
         "training": {"epochs": history.epochs_done, "steps": history.steps, "epoch_losses": history.epoch_losses,
                      "seconds": round(history.seconds, 2),
@@ -247,26 +308,11 @@ def _train(model: str | os.PathLike, data: str | os.PathLike, out: str | os.Path
                      else None},
         "heldout": {"before": before["overall"], "after": after["overall"], "before_groups": before["groups"],
                     "after_groups": after["groups"]},
-        "act_head": act_record | {"auroc": auroc(act, correct), "auroc_top_probability": auroc(top, correct),
-                                  "auroc_top_probability_untempered": auroc(untempered, correct)},
+        "act_head": {},
         "temperatures": temps.to_dict(),
         "abstention_thresholds": {"target_precision": target_precision, "by_bucket": thresholds},
         "warnings": warnings_list,
     }
-    report["act_head"]["coverage_curve"] = _curve(act, correct)
-    save_checkpoint(net, source, out, {
-        "fine_tuned": True, **temps.to_dict(),
-        "training": {"laya_train": settings_record, "train_report": _short(report),
-                     "abstention_thresholds": thresholds, "act_head": act_record | {
-                         "auroc": report["act_head"]["auroc"],
-                         "auroc_top_probability": report["act_head"]["auroc_top_probability"],
-                         "auroc_top_probability_untempered":
-                             report["act_head"]["auroc_top_probability_untempered"]}},
-    })
-    _write_report(out / REPORT_DIR, report, history, act, top, correct, plots)
-    for w in caught:  # the source checkpoint's own warnings (e.g. a clamped temperature), once, at the end
-        warnings.warn(str(w.message), w.category, stacklevel=2)
-    return report
 
 
 def _read_top1(answers: Sequence[Any]) -> np.ndarray:

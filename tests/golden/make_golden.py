@@ -22,9 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from cases import cases  # noqa: E402
-from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint  # noqa: E402
 
 from laya.encoder.tokenizer import Tokenizer  # noqa: E402
+from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint  # noqa: E402
 
 UPSTREAM = "laya==0.4.15"
 TORCH = "torch==2.13.0"

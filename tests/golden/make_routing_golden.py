@@ -28,7 +28,7 @@ from routing_cases import generated as generated_cases  # noqa: E402
 RUNNER = '''
 import json, sys
 import laya
-from laya.router import Router
+from laya.routing.router import Router
 
 job = json.load(open(sys.argv[1], encoding="utf-8"))
 routers = {}

@@ -3,7 +3,7 @@ row budget (`max_len` 1,024, `head_max_len` 256), on questions whose heads crowd
 
     .venv/bin/python tests/golden/make_wide_golden.py [--upstream-venv DIR]
 
-The checkpoint is not committed: `laya.models.testgen` makes the same bytes from the same spec (the
+The checkpoint is not committed: `laya.testing.checkpoints` makes the same bytes from the same spec (the
 golden keeps the spec and the digests of the generated files, and the test checks them). The cases
 are code (`wide_cases.py`, some fitted to the tokenizer); the golden keeps a digest of each input.
 Upstream runs in its own virtual environment (`make_golden.ensure_upstream`) on a copy of the
@@ -26,11 +26,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from laya.models.testgen import TestCheckpointSpec, write_test_checkpoint  # noqa: E402
 from make_golden import ensure_upstream  # noqa: E402
 from wide_cases import input_digest, wide_cases  # noqa: E402
 
 from laya.encoder.tokenizer import Tokenizer  # noqa: E402
+from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint  # noqa: E402
 
 SPEC = TestCheckpointSpec(flavour="mmbert", max_len=1024, head_max_len=256, seed=5)
 FILES = ("model.safetensors", "tokenizer/tokenizer.json", "rl_agent_config.json", "encoder/config.json")

@@ -39,6 +39,8 @@ RUNTIMES: dict[str, tuple[str, str, str]] = {
     "llama": ("laya.encoder.runtimes.llama", "LlamaRuntime", "llama_cpp"),
 }
 
+EXTRAS = {"torch": "torch", "onnxruntime": "onnx", "mlx": "mlx", "coremltools": "coreml", "llama_cpp": "llama"}
+
 
 def available_runtimes() -> list[str]:
     return [name for name, (_, _, probe) in RUNTIMES.items() if importlib.util.find_spec(probe) is not None]
@@ -51,14 +53,15 @@ def runtime_class(name: str) -> type:
     module_name, class_name, probe = RUNTIMES[name]
     if importlib.util.find_spec(probe) is None:
         raise RuntimeUnavailable(
-            f"runtime {name!r} needs the {probe!r} package; install the extra: pip install 'laya-runtime[{name}]'"
+            f"runtime {name!r} needs the {probe!r} package; install the extra: "
+            f"pip install 'laya-runtime[{EXTRAS.get(probe, name)}]'"
         )
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def check_options(name: str, options: dict[str, Any]) -> None:
     """Refuse options the runtime does not take, before anything slow (an export) happens."""
-    accepted = set(inspect.signature(runtime_class(name).__init__).parameters) - {"self", "checkpoint"}
+    accepted = set(inspect.signature(runtime_class(name)).parameters) - {"self", "checkpoint"}
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise RuntimeUnavailable(f"runtime {name!r} takes no option {', '.join(map(repr, unknown))}; "

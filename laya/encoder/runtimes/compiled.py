@@ -84,7 +84,7 @@ def compile_row_program(net: nn.Module, hidden_size: int, length: int, path: Pat
     dynamic = ({1: Dim.DYNAMIC}, {1: Dim.DYNAMIC}, {1: Dim.DYNAMIC}, None)
     # freezing: the weights become constants, so the matrix products get oneDNN's packed weights;
     # dynamic threads: the kernels use the thread count set at run time (the runtime's `threads`)
-    with torch.no_grad(), inductor.patch(freezing=True, **{"cpp.dynamic_threads": True}):
+    with torch.no_grad(), inductor.patch({"freezing": True, "cpp.dynamic_threads": True}):
         program = export(SingleRow(net).eval(), example, dynamic_shapes=dynamic)
         torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 

@@ -12,7 +12,7 @@ embedding gather, the type vector, the additive masks and the act head.
 - `mil`: laya's numpy evaluator of the saved programs (`laya.encoder.runtimes.mil`); slow, runs anywhere:
   how the bundles are verified without a Mac.
 - `torch`: the torch modules the programs are converted from, in fp32 (built from the checkpoint by
-  `laya.export.coreml.torch_programs`, which `laya.load` calls).
+  `laya.encoder.export.coreml.torch_programs`, which `laya.load` calls).
 
 Elsewhere than macOS, `executor="coreml"` is refused with a message naming the platform.
 """
@@ -23,18 +23,18 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from laya.bundle import bundle_to_run, read_manifest
 from laya.encoder.batch import Batch
+from laya.encoder.bundle import bundle_to_run, read_manifest
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.mil import erf
 from laya.errors import CheckpointError, RuntimeUnavailable
-from laya.heads.layout import MASKED_LOGIT
 
 EXECUTORS = ("coreml", "mil", "torch")
 # The general program has the plain (B, L, C) layout, which gives wrong answers on the Neural Engine
@@ -61,7 +61,7 @@ def act_features(z: np.ndarray) -> np.ndarray:
 class HostParts:
     """The fp32 pieces the host computes around a Neural Engine program."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], local_window: int, pad_id: int):
+    def __init__(self, tensors: Mapping[str, np.ndarray], local_window: int, pad_id: int):
         self.embeddings = tensors["encoder.embeddings.tok_embeddings.weight"]
         self.type_emb = np.asarray(tensors["type_emb.weight"], np.float32)
         self.act = [np.asarray(tensors[f"act_head.{n}"], np.float32)
@@ -96,7 +96,7 @@ class HostParts:
 class Programs:
     """What the runtime routes rows to: the general program and the Neural Engine buckets.
 
-    Built from a bundle's saved programs here, or by `laya.export.coreml.torch_programs` from the
+    Built from a bundle's saved programs here, or by `laya.encoder.export.coreml.torch_programs` from the
     torch modules the programs are converted from (the fp32 check of the conversion)."""
 
     general: Predictor
@@ -198,6 +198,7 @@ class CoremlRuntime:
             bucket = self.bucket_for(n, k)
             if bucket is not None:
                 programs = self.programs
+                assert programs.host is not None  # a bundle with buckets has its host parts
                 out = programs.buckets[bucket](programs.host.inputs(ids, markers, qtype, bucket, programs.slots))
                 z = np.asarray(out["logits"], np.float32).reshape(-1)[:k]
                 act = programs.host.act_logits(out["cls"], z)

@@ -2,7 +2,7 @@
 
 It runs a llama bundle (`laya export gguf`, or what `laya.load(..., runtime="llama")` exports on first
 use): llama.cpp encodes each row non-causally with no pooling and every token's state is read back;
-the decision head, scorer and act head run here in numpy fp32 (`laya.heads.numpy_head`).
+the decision head, scorer and act head run here in numpy fp32 (`laya.encoder.numpy_head`).
 
 Rows go to llama.cpp unpadded, each as a sequence of its own (positions from 0) and several in one
 `llama_encode` call: a call's attention is one [tokens x tokens] product masked by sequence, so a call
@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from laya.bundle import open_bundle
 from laya.encoder.batch import Batch
+from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.gate import GateFailed
+from laya.encoder.numpy_head import NumpyHead
 from laya.errors import CheckpointError, RuntimeUnavailable
-from laya.gate import GateFailed
-from laya.heads.numpy_head import NumpyHead
 
 PRECISIONS = ("f32", "f16", "q8_0")
 CALL_TOKENS = 512  # tokens per llama_encode call (a longer row goes alone)
@@ -68,7 +68,7 @@ class LlamaEncoder:
     """One GGUF encoder in llama.cpp and the context its calls run in."""
 
     def __init__(self, path: Path, threads: int | None = None):
-        from laya.decide.llama import extra_buffers_allowed, load_backends
+        from laya.native.llama_cpp import extra_buffers_allowed, load_backends
 
         llama_cpp = self._lib = _llama_cpp()
         self.cpu_module = load_backends(llama_cpp)
@@ -192,7 +192,7 @@ def probe_weights() -> dict[str, np.ndarray]:
 
 def probe_reference(weights: dict[str, np.ndarray], eps: float = 1e-5) -> np.ndarray:
     """The probe encoder's output for one token, in float64 with the exact GELU."""
-    from laya.heads.numpy_head import erfc
+    from laya.encoder.numpy_head import erfc
 
     def norm(x):
         c = x - x.mean()
@@ -229,8 +229,8 @@ def llama_gelu_error() -> float:
         writer.add_float32("modern-bert.attention.layer_norm_epsilon", 1e-5)
         writer.add_bool("modern-bert.attention.causal", False)
         writer.add_string("tokenizer.ggml.model", "none")
-        for name, value in probe_weights().items():
-            writer.add_tensor(name, value.astype(np.float32))
+        for name, tensor in probe_weights().items():
+            writer.add_tensor(name, tensor.astype(np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -255,7 +255,7 @@ class LlamaRuntime:
         if self.precision == "f32":
             error = llama_gelu_error()
             if error > GELU_TOLERANCE:
-                self.gate = {
+                self.gate: dict[str, Any] | None = {
                     "precision": "f32", "rows": 0, "max_dp": round(error, 6), "argmax_agreement": 1.0,
                     "batch_dependence_max_dp": 0.0, "passed": False, "probe": "exact GELU (hidden states)",
                     "bounds": {"max_dp": GELU_TOLERANCE, "argmax_agreement": 1.0, "batch_dependence_max_dp": 0.0}}

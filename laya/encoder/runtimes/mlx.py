@@ -19,11 +19,11 @@ import sys
 
 import numpy as np
 
-from laya.bundle import is_bundle, read_manifest
 from laya.encoder.batch import Batch
+from laya.encoder.bundle import is_bundle, read_manifest
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.head_layout import MASKED_LOGIT
 from laya.errors import CheckpointError
-from laya.heads.layout import MASKED_LOGIT
 
 PRECISIONS = ("auto", "fp32", "fp16")
 NEG = {"fp32": -1e9, "fp16": -3e4}  # additive mask: twice it must stay finite in the dtype (no NaN rows)
@@ -59,7 +59,7 @@ class MlxRuntime:
             manifest = read_manifest(checkpoint.path)
             if manifest.get("kind") != "mlx":
                 raise CheckpointError(f"{checkpoint.path}: a {manifest.get('kind')!r} bundle, not an MLX one")
-            tensors = dict(mx.load(str(checkpoint.path / WEIGHTS)))
+            tensors = dict(mx.load(str(checkpoint.path / WEIGHTS)))  # type: ignore[arg-type]  # safetensors: a dict
             stored = manifest["precision"]
         else:
             tensors = {k: mx.array(v) for k, v in checkpoint.weights.items()}
@@ -149,7 +149,7 @@ def _warn_about_reference_blas() -> None:
     if sys.platform == "linux" and "openblas" not in os.environ.get("LD_PRELOAD", ""):
         warnings.warn("MLX on Linux runs its matmuls on a slow reference BLAS; preload an optimized one, e.g. "
                       "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 (Debian's "
-                      "libopenblas0-pthread). See the README.", RuntimeWarning, stacklevel=3)
+                      "libopenblas0-pthread). See docs/runtimes.md.", RuntimeWarning, stacklevel=3)
 
 
 def _norm(x, weight, bias, eps: float = 1e-5):

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from laya.bundle import open_bundle
 from laya.encoder.batch import Batch
+from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.runtimes.placement import Placement, plan
+from laya.encoder.head_layout import MASKED_LOGIT
 from laya.errors import CheckpointError
-from laya.heads.layout import MASKED_LOGIT
+from laya.native.placement import Placement, plan
 
 INPUTS = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
 PRECISIONS = ("fp32", "int8")

@@ -12,7 +12,7 @@ their blocking by the number of rows they are given, so a batched product would)
   token), attention and the head in bf16 where the processor has bf16 units, else fp32;
 - `fp16`: as bf16 with 11-bit fractions, where the processor computes fp16 (AVX512-FP16, AMX-FP16).
 
-A reduced precision answers only within the precision standard (`laya.gate`) on the checkpoint at
+A reduced precision answers only within the precision standard (`laya.encoder.gate`) on the checkpoint at
 hand: its gate tries the plan with every encoder layer reduced, then with the first kept in fp32
 (rounding there is carried through every later layer), and keeps the first that passes.
 
@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from laya.encoder.batch import Batch
-from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint, TensorFile
+from laya.encoder.gate import GateFailed, cached_gate, describe, measure
+from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.compiled import (
     cached_program,
     compile_row_program,
@@ -42,9 +45,7 @@ from laya.encoder.runtimes.compiled import (
 )
 from laya.encoder.runtimes.rownet import PRECISIONS, Plan, RowNet
 from laya.errors import RuntimeUnavailable
-from laya.gate import GateFailed, cached_gate, describe, measure
-from laya.hardware import cpu
-from laya.heads.layout import MASKED_LOGIT
+from laya.native.cpu import cpu
 
 log = logging.getLogger("laya")
 # Bumped whenever the network or its plans change, so that cached programs and gate records are remade.
@@ -117,7 +118,8 @@ class PackedRuntime:
         if threads:
             torch.set_num_threads(int(threads))
         self.checkpoint, self.precision, self.force = checkpoint, precision, force
-        self.embeddings = torch.from_numpy(checkpoint.weights.stored(EMBEDDINGS))  # fp16 as published: exact
+        # fp16 as published: exact
+        self.embeddings = torch.from_numpy(cast(TensorFile, checkpoint.weights).stored(EMBEDDINGS))
         self.gate: dict[str, Any] | None = None
         self._reference: RowByRow | None = None
         self.plan = self._choose_plan()
@@ -137,8 +139,11 @@ class PackedRuntime:
                     raise RuntimeUnavailable(f"packed: compiling failed: {exc}") from exc
                 self.eager_reason = f"compiling failed ({type(exc).__name__}: {str(exc)[:200]})"
                 log.warning("packed: %s; running eagerly", self.eager_reason)
-        self.net = None if row is not None else RowNet(checkpoint, self.plan).eval()  # the eager network
-        self._rows = RowByRow(row or _eager(self.net), self.embeddings)
+        self.net: RowNet | None = None
+        if row is None:  # the eager network
+            self.net = RowNet(checkpoint, self.plan).eval()
+            row = _eager(self.net)
+        self._rows = RowByRow(row, self.embeddings)
         self._reference = None  # the fp32 network was only needed to gate
 
     def _key(self, plan: Plan, what: str) -> str:
@@ -152,6 +157,9 @@ class PackedRuntime:
         if self._reference is None:
             self._reference = RowByRow(_eager(RowNet(self.checkpoint, Plan()).eval()), self.embeddings)
         return self._reference
+
+    def _eager_rows(self, plan: Plan) -> RowByRow:
+        return RowByRow(_eager(RowNet(self.checkpoint, plan).eval()), self.embeddings)
 
     def _gate(self, plan: Plan, what: str, run: Callable[[], RowByRow]) -> dict[str, Any]:
         def now() -> dict[str, Any]:
@@ -168,8 +176,7 @@ class PackedRuntime:
             return tried[0]
         records = []
         for plan in tried:
-            records.append(self._gate(plan, "eager", lambda plan=plan: RowByRow(_eager(RowNet(self.checkpoint, plan)
-                                                                                       .eval()), self.embeddings)))
+            records.append(self._gate(plan, "eager", partial(self._eager_rows, plan)))
             if records[-1]["passed"]:
                 self.gate = records[-1]
                 return plan

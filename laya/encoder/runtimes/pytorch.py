@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laya.config import EncoderConfig
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.config import EncoderConfig
+from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
 from laya.errors import RuntimeUnavailable
-from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
 
 
 def _no_init():

@@ -4,12 +4,12 @@ Mac with both installed; also built elsewhere from the Core ML torch executor to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from laya.encoder.batch import Batch
-from laya.heads.layout import MASKED_LOGIT
+from laya.encoder.head_layout import MASKED_LOGIT
 
 
 def take(batch: Batch, rows: list[int]) -> Batch:
@@ -57,4 +57,4 @@ class RoutedRuntime:
                 logits[i, :k] = part_logits[j, :k]
                 acts[i] = part_acts[j]
             self.routed[kind] += len(rows)
-        return logits, np.stack(acts).astype(np.float32)
+        return logits, np.stack(cast(list[np.ndarray], acts)).astype(np.float32)  # every row answered

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from laya.encoder.checkpoint import Checkpoint
-from laya.heads.layout import ACT_HIDDEN, MASKED_LOGIT
+from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -139,7 +139,7 @@ class RowNet(nn.Module):
         w, enc, cfg = checkpoint.weights, checkpoint.encoder, checkpoint.config
         self.plan, self.enc = plan, enc
         self.d, self.heads, self.head_dim = enc.hidden_size, enc.num_attention_heads, enc.head_dim
-        self.eps, self.half = enc.norm_eps, enc.local_attention // 2
+        self.eps, self.half_window = enc.norm_eps, enc.local_attention // 2
         self.emb_norm = _param(w["encoder.embeddings.norm.weight"])
         self.final_norm = _param(w["encoder.final_norm.weight"])
         self.layers = nn.ModuleList(
@@ -169,7 +169,7 @@ class RowNet(nn.Module):
         b, n, d = emb.shape
         x = F.layer_norm(emb, (d,), self.emb_norm, None, self.eps)
         pos = torch.arange(n, device=emb.device)
-        local_mask = ((pos[:, None] - pos[None, :]).abs() <= self.half)[None, None]  # [1, 1, L, L]
+        local_mask = ((pos[:, None] - pos[None, :]).abs() <= self.half_window)[None, None]  # [1, 1, L, L]
         global_mask = None
         if keep is not None:  # padded rows: key masks, and padded queries see every valid key (no empty row)
             global_mask = keep[:, None, None, :]

@@ -1,0 +1,246 @@
+"""The llama runtime's bundle: a checkpoint's encoder as a GGUF file llama.cpp runs as `modern-bert`.
+
+What users export and share is one self-contained file in llama.cpp's own laya format
+(`laya/encoder/export/laya_gguf.py`, `laya export gguf`); this bundle is the llama runtime's working form of a
+checkpoint or of such a file (exported on first use into the cache). It holds `encoder.gguf`, the
+decision head, scorer and act head in fp32 (`head.safetensors`, the checkpoint's own tensor names: the
+head runs on the client in numpy), the configs and tokenizer, and the manifest. The keys and tensors
+are what llama.cpp's `modern-bert` loader reads (docs/notes/llama-encoder-findings.md has the facts,
+with the lines they come from): no tokenizer inside (laya tokenises and passes ids), both RoPE bases
+written (llama.cpp's local one defaults to 10000, not the global one), the full window width
+(llama.cpp halves it itself), the local/global pattern as one flag per layer.
+
+Types: `f32` (exact up to the kernels' summation order, given llama.cpp built with
+scripts/llama-modern-bert.patch: stock llama.cpp reads GeGLU's GELU from a 16-bit table), `f16` (the
+published weights are fp16: only activations lose bits), and `q8_0`, a mixed file: the feed-forward
+matrices of the later half of the layers in Q8_0 (int8 in blocks of 32 with one scale each), the rest
+f16. Measured on the gate's rows: every matrix in Q8_0 failed on sensitive small checkpoints (max |dp|
+0.197); the feed-forward matrices of every layer but the first passed there (<= 0.021) but not on the
+22-layer mmBERT-base shape (0.098, argmax agreement 0.875; only ffn_down: 0.059); the later half's
+passed there too (0.039, agreement 1.0). f16 and q8_0 are gated against the fp32 reference at export,
+and the gate's figures go into the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from laya.encoder.checkpoint import Checkpoint
+from laya.errors import CheckpointError
+
+TYPES = ("f32", "f16", "q8_0")
+# Bumped whenever the written file changes, so that cached bundles from an older exporter are not reused.
+GGUF_REVISION = 2
+ENCODER_FILE = "encoder.gguf"
+HEAD_FILE = "head.safetensors"
+ARCH = "modern-bert"
+Q8_0_BLOCK = 32
+
+
+def gguf_tensors(checkpoint: Checkpoint) -> list[tuple[str, str, bool]]:
+    """(GGUF name, checkpoint name, whether Q8_0 holds it in a q8_0 file), in the file's order: the
+    feed-forward matrices of the later half of the layers (rounding early is carried through more layers)."""
+    quantised_from = max(1, checkpoint.encoder.num_hidden_layers // 2)
+    out = [("token_embd.weight", "encoder.embeddings.tok_embeddings.weight", False),
+           ("token_embd_norm.weight", "encoder.embeddings.norm.weight", False)]
+    for i in range(checkpoint.encoder.num_hidden_layers):
+        p, b = f"encoder.layers.{i}.", f"blk.{i}."
+        if i > 0:  # layer 0's attention norm is the identity: llama.cpp applies it only when present
+            out.append((b + "attn_norm.weight", p + "attn_norm.weight", False))
+        out += [(b + "attn_qkv.weight", p + "attn.Wqkv.weight", False),
+                (b + "attn_output.weight", p + "attn.Wo.weight", False),
+                (b + "ffn_norm.weight", p + "mlp_norm.weight", False),
+                (b + "ffn_up.weight", p + "mlp.Wi.weight", i >= quantised_from),
+                (b + "ffn_down.weight", p + "mlp.Wo.weight", i >= quantised_from)]
+    out.append(("output_norm.weight", "encoder.final_norm.weight", False))
+    return out
+
+
+def check_expressible(checkpoint: Checkpoint, gguf_type: str) -> None:
+    """Refuse, naming it, what llama.cpp's modern-bert graph cannot run as the reference does."""
+    if gguf_type not in TYPES:
+        raise CheckpointError(f"GGUF type must be one of {', '.join(TYPES)}, got {gguf_type!r}")
+    enc, raw = checkpoint.encoder, checkpoint.encoder.raw
+    problems = []
+    if enc.head_dim % 2:
+        problems.append(f"head_dim {enc.head_dim} is odd (llama.cpp's NEOX RoPE rotates pairs)")
+    rope = raw.get("rope_parameters")
+    if isinstance(rope, dict):
+        kinds = {rope.get("rope_type")} | {v.get("rope_type") for v in rope.values() if isinstance(v, dict)}
+        scaled = sorted(str(k) for k in kinds - {None, "default"})
+        if scaled:
+            problems.append(f"rope_type {', '.join(scaled)} (llama.cpp's modern-bert applies plain RoPE)")
+    for key in ("rope_scaling",):
+        if raw.get(key):
+            problems.append(f"{key} {raw[key]!r} (llama.cpp's modern-bert applies plain RoPE)")
+    if raw.get("partial_rotary_factor", 1.0) not in (1, 1.0):
+        problems.append(f"partial_rotary_factor {raw['partial_rotary_factor']!r} (modern-bert rotates whole heads)")
+    if raw.get("num_key_value_heads", enc.num_attention_heads) != enc.num_attention_heads:
+        problems.append("num_key_value_heads differs from num_attention_heads (modern-bert has no grouped heads)")
+    local = [not enc.is_global(i) for i in range(enc.num_hidden_layers)]
+    if all(local):
+        # llama.cpp builds the full-attention mask whatever the layers are, and aborts the process when
+        # no layer reads it (no buffer is allocated for it)
+        problems.append("every layer attends within the sliding window (modern-bert needs a global layer)")
+    if gguf_type == "q8_0":
+        for what, n in (("hidden_size", enc.hidden_size), ("intermediate_size", enc.intermediate_size)):
+            if n % Q8_0_BLOCK:
+                problems.append(f"{what} {n} is not a multiple of {Q8_0_BLOCK} (Q8_0 quantises rows in blocks of "
+                                f"{Q8_0_BLOCK}); export f16 or f32")
+    if problems:
+        raise CheckpointError(f"{checkpoint.path}: llama.cpp's modern-bert graph cannot run this encoder: "
+                              + "; ".join(problems))
+
+
+def encoder_header(writer: Any, checkpoint: Checkpoint) -> None:
+    """The keys of an encoder-only GGUF (the llama runtime's working file): what llama.cpp's modern-bert
+    loader reads, no tokenizer (laya tokenises and passes ids)."""
+    enc, cfg = checkpoint.encoder, checkpoint.config
+    a = ARCH
+    writer.add_string("general.name", f"laya encoder {checkpoint.fingerprint[:16]}")
+    writer.add_uint32(f"{a}.context_length", int(enc.raw.get("max_position_embeddings", 8192)))
+    writer.add_uint32(f"{a}.embedding_length", enc.hidden_size)
+    writer.add_uint32(f"{a}.block_count", enc.num_hidden_layers)
+    writer.add_uint32(f"{a}.feed_forward_length", enc.intermediate_size)
+    writer.add_uint32(f"{a}.attention.head_count", enc.num_attention_heads)
+    writer.add_float32(f"{a}.attention.layer_norm_epsilon", float(enc.norm_eps))
+    writer.add_bool(f"{a}.attention.causal", False)
+    writer.add_uint32(f"{a}.pooling_type", 0)  # none: every token's state is read back
+    writer.add_float32(f"{a}.rope.freq_base", float(enc.global_rope_theta))
+    writer.add_float32(f"{a}.rope.freq_base_swa", float(enc.local_rope_theta))
+    writer.add_string(f"{a}.rope.scaling.type", "none")
+    local = [not enc.is_global(i) for i in range(enc.num_hidden_layers)]
+    if any(local):  # with no local layer, no window: llama.cpp aborts on a window mask no layer reads
+        writer.add_uint32(f"{a}.attention.sliding_window", enc.local_attention)  # the full width: it halves it
+        writer.add_array(f"{a}.attention.sliding_window_pattern", local)
+    writer.add_string(f"{a}.hidden_activation", "gelu")
+    writer.add_uint32(f"{a}.vocab_size", enc.vocab_size)
+    writer.add_string("tokenizer.ggml.model", "none")  # laya tokenises; llama.cpp only sees ids
+    writer.add_uint32("laya.max_len", cfg.max_len)
+
+
+def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, int]:
+    """The encoder as a GGUF file; returns how many tensors each GGML type holds."""
+    import gguf
+
+    check_expressible(checkpoint, gguf_type)
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    encoder_header(writer, checkpoint)
+    counts: dict[str, int] = {}
+    for name, source, quantisable in gguf_tensors(checkpoint):
+        weight = np.ascontiguousarray(checkpoint.weights[source], dtype=np.float32)
+        if weight.ndim == 1 or gguf_type == "f32":  # norms stay f32 in every type, as llama.cpp's converter keeps them
+            data, kind = weight, gguf.GGMLQuantizationType.F32
+        elif gguf_type == "q8_0" and quantisable:
+            data, kind = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        else:
+            data, kind = weight.astype(np.float16), gguf.GGMLQuantizationType.F16
+        writer.add_tensor(name, data, raw_dtype=kind if kind == gguf.GGMLQuantizationType.Q8_0 else None)
+        counts[kind.name] = counts.get(kind.name, 0) + 1
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return counts
+
+
+def write_head(checkpoint: Checkpoint, path: Path) -> None:
+    """Everything but the encoder, fp32, under the checkpoint's names (the client-side head reads it)."""
+    from safetensors.numpy import save_file
+
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(checkpoint.weights.items())
+               if not k.startswith("encoder.")}
+    save_file(tensors, str(path))
+
+
+def export_bundle(checkpoint: Checkpoint, out: Path, gguf_type: str = "f32",
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write a llama bundle into `out` and return its manifest."""
+    from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
+
+    check_expressible(checkpoint, gguf_type)
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    copy_checkpoint_files(checkpoint, out)
+    say(f"writing the encoder as a {gguf_type} GGUF")
+    counts = write_gguf(checkpoint, out / ENCODER_FILE, gguf_type)
+    write_head(checkpoint, out / HEAD_FILE)
+    manifest = base_manifest(checkpoint, "llama", gguf_type)
+    manifest.update(encoder=ENCODER_FILE, head=HEAD_FILE, architecture=ARCH, gguf_revision=GGUF_REVISION,
+                    tensor_types=counts, fingerprint=checkpoint.fingerprint,
+                    encoder_sha256=_sha256(out / ENCODER_FILE), head_sha256=_sha256(out / HEAD_FILE))
+    if gguf_type == "q8_0":
+        first = max(1, checkpoint.encoder.num_hidden_layers // 2)
+        manifest["q8_0_scheme"] = f"ffn_up and ffn_down of layers >= {first} in Q8_0; other matrices f16; norms f32"
+    if gguf_type != "f32":
+        say(f"measuring the {gguf_type} gate against the fp32 reference")
+        manifest["gate"] = measure_gate(checkpoint, out, manifest)
+    write_manifest(out, manifest)
+    say(f"done in {time.perf_counter() - started:.1f} s: {out}")
+    return manifest
+
+
+def measure_gate(checkpoint: Checkpoint, folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The reduced type against fp32: the torch reference where torch is installed, else this
+    checkpoint's f32 GGUF (within 1e-4 of it on a patched llama.cpp); recorded in the manifest."""
+    import importlib.util
+    import tempfile
+
+    from laya.encoder.gate import measure
+    from laya.encoder.runtimes.llama import LlamaRuntime
+
+    candidate = LlamaRuntime.from_folder(folder, manifest, threads=None)
+    if importlib.util.find_spec("torch") is not None:
+        from laya.encoder.runtimes.pytorch import TorchRuntime
+
+        record = measure(checkpoint, TorchRuntime(checkpoint).forward, candidate.forward, manifest["precision"])
+        record["reference"] = "torch fp32"
+        return record
+    with tempfile.TemporaryDirectory() as tmp:
+        write_gguf(checkpoint, Path(tmp) / ENCODER_FILE, "f32")
+        write_head(checkpoint, Path(tmp) / HEAD_FILE)
+        reference = LlamaRuntime.from_folder(Path(tmp), {**manifest, "precision": "f32"}, threads=None)
+        record = measure(checkpoint, reference.forward, candidate.forward, manifest["precision"])
+        reference.close()
+    record["reference"] = "llama f32"
+    return record
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
+    """What `laya.load(checkpoint, runtime="llama", ...)` hands the runtime: a bundle exported on first use."""
+    precision = options.get("precision", "f32")
+    if precision not in TYPES:
+        raise CheckpointError(f"llama precision must be one of {', '.join(TYPES)}, got {precision!r}")
+    return {**options, "bundle": cached_bundle(checkpoint, precision, cache_dir)}
+
+
+def bundle_key(checkpoint: Checkpoint, gguf_type: str) -> str:
+    return f"{checkpoint.fingerprint[:16]}-{gguf_type}-r{GGUF_REVISION}"
+
+
+def cached_bundle(checkpoint: Checkpoint, gguf_type: str, cache_dir: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> Path:
+    """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
+    exporter's revision."""
+    from laya.encoder.bundle import cached_export
+
+    def build(folder: Path) -> None:
+        export_bundle(checkpoint, folder, gguf_type, progress=progress)
+
+    return cached_export("llama", bundle_key(checkpoint, gguf_type), build, cache_dir)
+
