@@ -80,6 +80,9 @@ TARGETS = [
                  gated=True),
     ParityTarget("mlx", {"precision": "fp32"}, label="mlx-fp32"),
     ParityTarget("mlx", {"precision": "fp16"}, max_dp=PRECISION_BOUNDS["fp16"], label="mlx-fp16"),
+    # the CUDA runtime's code path (buckets, packing, padded rows and tokens masked) on the CPU device, where
+    # its graphs are eager calls through the same bucket cache; its GPU precisions: scripts/gpu-check.sh
+    ParityTarget("cuda", {"precision": "fp32", "device": "cpu"}, label="cuda-cpu-fp32"),
     # Core ML, verified without a Mac: (a) the fp32 torch graphs the programs are converted from (general
     # and channel-first Neural Engine ones, rows routed as on a Mac); (c) the saved fp16 programs run by
     # laya's numpy MIL evaluator.

@@ -24,6 +24,11 @@ in the reason):
 5. the packed runtime in fp32;
 6. torch fp32, the reference.
 An exported bundle always runs on its own runtime.
+
+Where torch sees a CUDA device, the cuda runtime comes before all of this (`cuda_candidates`): bf16 on
+compute capability 8.0 or later if its gate passes on this checkpoint, else fp32 (fp32 only with
+`precision="fp32"`); a GPU outruns every CPU runtime, so it is not timed against them. Without CUDA
+nothing changes.
 """
 
 from __future__ import annotations
@@ -500,6 +505,10 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
                                  f"not {', '.join(unknown)}")
     passed_over: list[str] = []
     machine = cpu()
+    if not options.get("compact"):  # a GPU first, before any timing or rule (compact: the Neural Engine's)
+        done = _first_that_loads(cuda_candidates(exact), checkpoint, options, build, passed_over)
+        if done is not None:
+            return done
     if measuring(measure) and not options.get("compact"):  # compact prompts: the Neural Engine, by rule
         done = _measured_choice(checkpoint, options, build, machine, passed_over, exact)
         if done is not None:
@@ -521,6 +530,39 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
     raise RuntimeUnavailable("runtime='auto' found no runtime that can run this checkpoint here: "
                              + ("; ".join(passed_over) or "none is installed (pip install 'laya-runtime[torch]')"))
 
+
+def cuda_candidates(exact: bool = False) -> list[Candidate]:
+    """The cuda runtime's candidates where torch sees a CUDA device (none elsewhere): bf16 where the GPU
+    has bf16 tensor cores (compute capability 8.0 or later) and `exact` is not asked, then fp32. Asking
+    torch imports it, which auto's other candidates do anyway where it is installed."""
+    if not _installed("torch"):
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    major, minor = torch.cuda.get_device_capability()
+    gpu = f"torch sees a CUDA device (compute capability {major}.{minor})"
+    out = []
+    if major >= 8 and not exact:
+        out.append(Candidate("cuda", {"precision": "bf16"}, f"{gpu} with bf16 tensor cores, and cuda bf16 stayed "
+                                                            "within the precision standard on this checkpoint"))
+    out.append(Candidate("cuda", {"precision": "fp32"}, f"{gpu}: cuda fp32, exact"))
+    return out
+
+
+def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: dict[str, Any],
+                      build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], passed_over: list[str]
+                      ) -> tuple[Runtime, Choice] | None:
+    """The first of `found` that loads (its gate included), or None with each refusal in `passed_over`."""
+    for candidate in found:
+        try:
+            runtime = _build(candidate, checkpoint, options, build)
+        except LayaError as exc:
+            passed_over.append(f"{candidate.label} ({_first_line(exc)})")
+            continue
+        return _chosen(checkpoint, runtime, Choice(candidate.runtime, candidate.options, candidate.why, passed_over))
+    return None
 
 
 def build_routed(checkpoint: Checkpoint, options: dict[str, Any],

@@ -37,6 +37,7 @@ RUNTIMES: dict[str, tuple[str, str, str]] = {
     "mlx": ("laya.encoder.runtimes.mlx", "MlxRuntime", "mlx"),
     "coreml": ("laya.encoder.runtimes.coreml", "CoremlRuntime", "coremltools"),
     "llama": ("laya.encoder.runtimes.llama", "LlamaRuntime", "llama_cpp"),
+    "cuda": ("laya.encoder.runtimes.cuda", "CudaRuntime", "torch"),
 }
 
 EXTRAS = {"torch": "torch", "onnxruntime": "onnx", "mlx": "mlx", "coremltools": "coreml", "llama_cpp": "llama"}
