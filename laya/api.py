@@ -48,16 +48,39 @@ def _clip(value: Any) -> Any:
     return value
 
 
-def error_body(detail: Any) -> dict[str, Any]:
+def error_body(detail: Any, strict: bool = False) -> dict[str, Any]:
     """The body of an error response, bounded whatever the request: at most MAX_LISTED_ERRORS items
-    (plus `x_error_count`, the total), every message and location part clipped."""
+    (plus `x_error_count`, the total), every message and location part clipped. `strict`: no `x_`
+    extension (the count, a limit's flag), only the contract's error shape."""
     if isinstance(detail, list):
         items = [{k: ([_clip(x) for x in v] if k == "loc" else _clip(v)) for k, v in item.items()}
                  for item in detail[:MAX_LISTED_ERRORS]]
-        return {"detail": items, "x_error_count": len(detail)}
+        return {"detail": items} if strict else {"detail": items, "x_error_count": len(detail)}
     if isinstance(detail, dict):
-        return {"detail": {k: _clip(v) for k, v in detail.items()}}
+        return {"detail": {k: _clip(v) for k, v in detail.items() if not (strict and k.startswith("x_"))}}
     return {"detail": _clip(detail)}
+
+
+STRICT_HEADER = "x-laya-strict"
+STRICT_VALUES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                 "off": False}
+
+
+def strict_of(header: str | None, default: bool) -> bool:
+    """Whether a request's answer keeps to the contract's fields only: its `X-Laya-Strict` header
+    (1/0, true/false, yes/no, on/off), else the server's `--strict`; any other value is a 400."""
+    if header is None:
+        return default
+    value = STRICT_VALUES.get(header.strip().lower())
+    if value is None:
+        raise usage_error(400, "invalid_request_error", "X-Laya-Strict must be 1 or 0 (true/false, yes/no, on/off)")
+    return value
+
+
+def strict_error(header: str | None, default: bool) -> bool:
+    """Whether an error body keeps to the contract's shape: as `strict_of`, an unreadable header
+    taken as absent (the error answering it is that header's own 400)."""
+    return STRICT_VALUES.get(header.strip().lower(), default) if header is not None else default
 
 
 def question_error(exc: QuestionError) -> ApiError:

@@ -46,8 +46,9 @@ class Answer:
     answer_confidence: float | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The answer object, the contract's fields first, then the `x_` extras."""
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        """The answer object, the contract's fields first, then the `x_` extras (none when `strict`:
+        exactly the contract's fields, for clients that validate with no extra field allowed)."""
         out: dict[str, Any]
         if self.qtype == "choice":
             out = {"type": "choice", "choice": self.value, "probabilities": dict(self.probabilities or {}),
@@ -57,6 +58,8 @@ class Answer:
                    "probabilities": dict(self.probabilities or {}), "confidence": self.confidence}
         else:
             out = {"type": "noul", "noul": self.value}
+        if strict:
+            return out
         if self.answer_confidence is not None:
             out["x_answer_confidence"] = self.answer_confidence
         out.update(self.extras)
@@ -80,9 +83,13 @@ class SystemOneResponse:
     # the precision that answered (an encoder runtime's: fp32, bf16, int8, ...), `x_precision`
     precision: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.model, "answers": {qid: a.to_json() for qid, a in self.answers.items()},
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        """The System One body; `strict`: the contract's fields only (no `x_` extension anywhere)."""
+        out: dict[str, Any] = {"model": self.model,
+                               "answers": {qid: a.to_json(strict) for qid, a in self.answers.items()},
                                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0}}
+        if strict:
+            return out
         if self.x_usage is not None:
             out["x_usage"] = self.x_usage
         if self.routed_to is not None:

@@ -314,6 +314,13 @@ MUTANTS = [
            'out[f"{qtype}.{BUCKET_SUFFIX[bucket]}"] = float(checkpoint.config.temperature_by_options.get(key, t))',
            ("tests/test_gguf_mainline.py::test_what_laya_writes_is_a_laya_decision_gguf",),
            "the bucket temperatures are written as stored, not clamped as upstream loads them"),
+    Mutant("strict-keeps-extras", "laya/response.py",
+           "        if strict:\n            return out\n        if self.answer_confidence",
+           "        if self.answer_confidence", ("tests/test_strict.py",), "a strict answer still carries x_ fields"),
+    Mutant("strict-error-count", "laya/api.py",
+           'return {"detail": items} if strict else {"detail": items, "x_error_count": len(detail)}',
+           'return {"detail": items, "x_error_count": len(detail)}', ("tests/test_strict.py",),
+           "a strict 422 still carries x_error_count"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

@@ -62,6 +62,9 @@ def register(sub: Subparsers) -> None:
     srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
     srv.add_argument("--public-metrics", action="store_true",
                      help="with a key: /metrics answers without it (a scraper on a trusted network)")
+    srv.add_argument("--strict", action="store_true",
+                     help="answers and errors with the System One contract's fields only, no x_ extension "
+                          "(a request's X-Laya-Strict: 1/0 header decides for itself)")
     srv.add_argument("--public-docs", action="store_true",
                      help="with a key: /docs, /redoc and /openapi.json answer without it")
     srv.add_argument("--workers", type=int, default=1, help="server processes, each with its own models")
@@ -160,7 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           drain_s=args.drain_s,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS,
-                          public_metrics=args.public_metrics, public_docs=args.public_docs)
+                          public_metrics=args.public_metrics, public_docs=args.public_docs, strict=args.strict)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            precision=args.precision, threads=args.threads, n_ctx=args.n_ctx,
                            prefix_cache=args.prefix_cache,

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from laya.api import ApiError
+from laya.api import STRICT_HEADER, ApiError, strict_error
 from laya.auth import key_given
 from laya.engine import AnyEngine, ForwardingEngine
 from laya.errors import LayaError
@@ -140,7 +140,7 @@ class RequestContext:
                 try:
                     reply = await route(Call(scope, receive, headers))
                 except ApiError as exc:
-                    reply = Reply.error(exc)
+                    reply = Reply.error(exc, strict_error(headers.get(STRICT_HEADER), self.config.strict))
                 await self._reply(send, reply, rid, status)
             elif scope["path"] in DOCS and not self.config.public_docs \
                     and not key_given(headers.get("authorization"), self.config.api_key):

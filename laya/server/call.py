@@ -23,7 +23,7 @@ from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from laya.api import ApiError, error_body
+from laya.api import STRICT_HEADER, ApiError, error_body, strict_error
 
 
 class Call:
@@ -86,8 +86,8 @@ class Reply:
         self.content, self.status, self.headers = content, status, headers
 
     @classmethod
-    def error(cls, exc: ApiError) -> Reply:
-        return cls(error_body(exc.detail), exc.status, exc.headers)
+    def error(cls, exc: ApiError, strict: bool = False) -> Reply:
+        return cls(error_body(exc.detail, strict), exc.status, exc.headers)
 
     def body(self) -> bytes:
         return json.dumps(self.content, ensure_ascii=False, allow_nan=False, indent=None,
@@ -116,7 +116,7 @@ def endpoint(route: Route) -> Callable[[Request], Awaitable[Response]]:
         try:
             reply = await route(call)
         except ApiError as exc:
-            reply = Reply.error(exc)
+            reply = Reply.error(exc, strict_error(call.headers.get(STRICT_HEADER), request.app.state.config.strict))
         return reply.response()
 
     run.__name__, run.__qualname__, run.__doc__ = route.__name__, route.__qualname__, route.__doc__

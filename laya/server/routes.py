@@ -20,7 +20,16 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from laya.api import ALIASES, ApiError, error_body, question_error, usage_error
+from laya.api import (
+    ALIASES,
+    STRICT_HEADER,
+    ApiError,
+    error_body,
+    question_error,
+    strict_error,
+    strict_of,
+    usage_error,
+)
 from laya.auth import key_given
 from laya.engine import ForwardingEngine
 from laya.errors import QuestionError
@@ -330,26 +339,29 @@ class Watch:
 
 
 async def api_error(request: HTTPRequest, exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.detail), status_code=exc.status, headers=exc.headers)
+    strict = strict_error(request.headers.get(STRICT_HEADER), request.app.state.config.strict)
+    return JSONResponse(error_body(exc.detail, strict), status_code=exc.status, headers=exc.headers)
 
 
 async def systemone(request: Call) -> Reply:
     """Answer typed questions (choice, score, noul) about one state."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
+    strict = strict_of(request.headers.get(STRICT_HEADER), ctx.config.strict)
     req = await ctx.read_json(request)
     _, (result,) = await ctx.answer_as(request, req)
-    return Reply(result.to_json())
+    return Reply(result.to_json(strict))
 
 
 async def systemone_batch(request: Call) -> Reply:
     """The same questions over many states, in shared forward passes."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
+    strict = strict_of(request.headers.get(STRICT_HEADER), ctx.config.strict)
     req = await ctx.read_json(request, batch=True)
     name, results = await ctx.answer_as(request, req)
     total = sum(r.input_tokens for r in results)
-    return Reply({"model": name, "results": [r.to_json() for r in results],
+    return Reply({"model": name, "results": [r.to_json(strict) for r in results],
                   "total_usage": {"input_tokens": total, "output_tokens": 0}})
 
 

@@ -40,6 +40,9 @@ class ServerConfig:
     # With an API key: /metrics, and the docs with the OpenAPI document, answer without it only if public
     public_metrics: bool = False
     public_docs: bool = False
+    # Answers and errors with the System One contract's fields only, no `x_` extension (a request's
+    # `X-Laya-Strict` header decides for itself)
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # rebuilt from JSON in worker processes
