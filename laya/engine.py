@@ -14,9 +14,11 @@ remaining work when its caller goes away or its deadline passes. Which engine re
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from laya.digests import short_digest
 from laya.limits import UNLIMITED, Limits
 from laya.request import Request
 from laya.response import SystemOneResponse
@@ -33,6 +35,12 @@ class EngineInfo:
     kind: str  # "encoder" or "decide"
     description: str
     release_date: str  # ISO date of the artifact that answers (see `laya.engines.release_date_of`)
+    digests: Mapping[str, str] = field(default_factory=dict)  # sha256 per artifact role (`laya.digests`)
+
+    @property
+    def digest(self) -> str:
+        """The short model digest an answer carries (`X-Laya-Model-Digest`): which artifacts answered."""
+        return short_digest(self.digests)
 
 
 class Job(Protocol):
@@ -118,11 +126,18 @@ class InProcessEngine:
     model: Any
     description: str = ""
     release_date: str = ""
+    digests: dict[str, str] = field(default_factory=dict)
+    calibration: str = ""  # the name of the calibration file in use (its digest is in `digests`)
     kind: ClassVar[str] = ""
 
     @property
     def info(self) -> EngineInfo:
-        return EngineInfo(self.model.name, self.kind, self.description, self.release_date)
+        return EngineInfo(self.model.name, self.kind, self.description, self.release_date, self.digests)
+
+    def provenance(self) -> dict[str, Any]:
+        """What exactly answers, for `describe`: the artifacts' digests and the short model digest."""
+        return {"digests": dict(self.digests), "model_digest": short_digest(self.digests),
+                "calibration": self.calibration or None}
 
     def warmup(self) -> None:
         self.model.predict("warm-up", WARMUP_QUESTIONS)

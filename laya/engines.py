@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from laya.digests import digests_of
 from laya.engine import Engine
 from laya.errors import LayaError
 
@@ -52,8 +53,10 @@ def _decide_engine(source: str, opts: EngineOptions) -> Engine:
     path, readout = split_readout(source)
     model = open_gguf(path, name=opts.name, n_ctx=opts.n_ctx, threads=opts.threads, prefix_cache=opts.prefix_cache,
                       calibration=opts.calibration, readout=readout or opts.readout, decide_probe=opts.decide_probe)
+    files = {"gguf": Path(path)} | _calibration_file(opts)
     return DecideEngine(model, description=f"{Path(path).name} read by its {model.profile.name} readout",
-                        release_date=release_date_of(Path(path)))
+                        release_date=release_date_of(Path(path)), digests=digests_of(files),
+                        calibration=Path(opts.calibration).name if opts.calibration else "")
 
 
 def _encoder_engine(source: str, opts: EngineOptions) -> Engine:
@@ -73,7 +76,25 @@ def _encoder_engine(source: str, opts: EngineOptions) -> Engine:
     artifact = next((p for p in (Path(source), folder / "model.safetensors", folder / "manifest.json") if p.is_file()),
                     folder)
     return EncoderEngine(model, description=entry.description if entry else f"laya checkpoint {Path(source).name}",
-                         release_date=release_date_of(artifact))
+                         release_date=release_date_of(artifact),
+                         digests=digests_of(artifact_files(Path(source), folder) | _calibration_file(opts)),
+                         calibration=Path(opts.calibration).name if opts.calibration else "")
+
+
+def artifact_files(source: Path, folder: Path) -> dict[str, Path]:
+    """The artifacts a laya model answers from, by role: a laya GGUF; a checkpoint's weights, config and
+    tokenizer; else (an exported bundle) its folder."""
+    from laya.encoder.checkpoint import CONFIG_FILE, TOKENIZER_DIR, WEIGHTS_FILE
+
+    if source.is_file():
+        return {"gguf": source}
+    files = {"weights": folder / WEIGHTS_FILE, "config": folder / CONFIG_FILE, "tokenizer": folder / TOKENIZER_DIR}
+    found = {role: path for role, path in files.items() if path.exists()}
+    return found or {"bundle": folder}
+
+
+def _calibration_file(opts: EngineOptions) -> dict[str, Path]:
+    return {"calibration": Path(opts.calibration)} if opts.calibration else {}
 
 
 def release_date_of(artifact: Path) -> str:

@@ -51,6 +51,15 @@ class Limits:
         if got > limit:
             raise LimitExceeded(what, got, limit, flag)
 
+    def published(self) -> dict[str, int]:
+        """The limits a caller plans by (`/v1/models`, `/health`): this server's per request, and the
+        contract's options per choice question."""
+        from laya.questions import MAX_LEVELS, MAX_OPTIONS
+
+        return {"states": self.max_states, "questions": self.max_questions, "rows": self.max_rows,
+                "tokens": self.max_tokens, "decisions": self.max_decisions, "options": MAX_OPTIONS,
+                "levels": MAX_LEVELS}
+
     def times(self, factor: int) -> Limits:
         """Every limit `factor` times higher: what a plan counts to, so that it can say by how much a
         request is over while its own work stays bounded."""

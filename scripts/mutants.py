@@ -321,6 +321,13 @@ MUTANTS = [
            'return {"detail": items} if strict else {"detail": items, "x_error_count": len(detail)}',
            'return {"detail": items, "x_error_count": len(detail)}', ("tests/test_strict.py",),
            "a strict 422 still carries x_error_count"),
+    Mutant("models-no-provenance", "laya/server/routes.py",
+           'PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate")',
+           'PROVENANCE = ("runtime", "precision")', ("tests/test_provenance.py",),
+           "/v1/models stops saying which artifacts answer"),
+    Mutant("digest-header-off", "laya/server/routes.py",
+           "        return {MODEL_DIGEST_HEADER: digest} if digest else None", "        return None",
+           ("tests/test_provenance.py",), "an answer no longer names the artifact that gave it"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

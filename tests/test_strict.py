@@ -102,7 +102,8 @@ def test_a_strict_answer_holds_only_the_contracts_fields(server, strict_server, 
         for qid, value in answer.json()["answers"].items():  # the same numbers, only fewer fields
             assert value == {k: v for k, v in loose.json()["answers"][qid].items() if not k.startswith("x_")}
     batch = {"model": target, "states": ["charged twice", "hello"], "questions": QUESTIONS}
-    for answer in (post(server, "/v1/systemone/batch", batch, STRICT), post(strict_server, "/v1/systemone/batch", batch)):
+    path = "/v1/systemone/batch"
+    for answer in (post(server, path, batch, STRICT), post(strict_server, path, batch)):
         assert answer.status_code == 200, answer.text
         jsonschema.validate(answer.json(), BATCH)
 

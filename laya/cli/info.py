@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
 from laya.cli import common
 from laya.cli.common import Subparsers
@@ -18,16 +20,32 @@ def register(sub: Subparsers) -> None:
     info.set_defaults(func=cmd_info)
 
 
+def _provenance(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """What exactly answers, as `/v1/models` says it: the artifacts' sha256, the model digest, where
+    it runs; the path as `/health` shows it (no machine path)."""
+    from laya.digests import digests_of, short_digest
+    from laya.encoder.engine import device_of
+    from laya.engines import artifact_files
+    from laya.redaction import redact
+
+    digests = digests_of(artifact_files(Path(args.model), model.checkpoint.path))
+    return {"path": redact(str(model.checkpoint.path)), "source": redact(str(model.checkpoint.source)),
+            "digests": digests, "model_digest": short_digest(digests),
+            "device": device_of(model.runtime)}
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """`laya info -m M`: the model's description, one aligned line per fact (or `--json`)."""
     model = common.load_model(args)
-    info = model.info()
+    info = model.info() | _provenance(args, model)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     enc = info["encoder"]
     temps = info["temperatures"]
     print(f"model        {info['name']}  ({info['path']})")
+    print(f"digest       {info['model_digest']}: " + ", ".join(f"{k} {v[:16]}" for k, v in info["digests"].items()))
+    print(f"device       {info['device']}")
     print(f"encoder      {enc['id']}: ModernBERT, {enc['layers']} layers, d {enc['hidden_size']}, "
           f"{enc['heads']} heads, GeGLU {enc['intermediate_size']}, vocab {enc['vocab_size']}")
     print(f"rope theta   global {enc['rope_theta']['global']:g}, local {enc['rope_theta']['local']:g}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -9,6 +10,7 @@ from laya.decide.model import DecideModel, Planned, decisions
 from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
+from laya.native.cpu import cpu
 from laya.plan import HEADROOM, report
 from laya.questions import Question
 from laya.redaction import redact
@@ -108,6 +110,7 @@ class DecideEngine(InProcessEngine):
 
     def describe(self) -> dict[str, Any]:
         backend = self.model.backend
-        return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf", "device": "cpu",
+        return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf",
+                "device": cpu().model or platform.machine() or "cpu", **self.provenance(),
                 "source": redact(str(self.model.source)), "prefix_cache": self.model.decider.cache.policy,
                 "readout": self.model.readout, **backend.describe()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -11,6 +12,7 @@ from laya.encoder.plan import plan_states
 from laya.engine import InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
+from laya.native.cpu import cpu
 from laya.plan import HEADROOM, report
 from laya.redaction import redact
 from laya.request import Request
@@ -59,13 +61,24 @@ class EncoderEngine(InProcessEngine):
         choice = self.model.choice
         gate = getattr(self.model.runtime, "gate", None)
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
-                "device": "cpu", "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
+                "device": device_of(self.model.runtime), **self.provenance(),
+                "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",
                                                   "batch_dependence_max_dp", "passed", "plan") if k in gate}}
                    if gate else {}),
                 **(self.model.runtime.details() if hasattr(self.model.runtime, "details") else {})}
+
+
+def device_of(runtime: Any) -> str:
+    """Where a runtime computes: its GPU's name, else this processor's (what provenance reports)."""
+    device = getattr(runtime, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    return cpu().model or platform.machine() or "cpu"
 
 
 def _check(job: Prepared, limits: Limits) -> None:

@@ -84,6 +84,12 @@ class Context:
                                   "missing API key: send 'Authorization: Bearer <key>'")
             raise usage_error(401, "authentication_error", "invalid API key")
 
+    def digest_header(self, name: str) -> dict[str, str] | None:
+        """`X-Laya-Model-Digest`: the short digest of the artifacts that answered (`laya.digests`)."""
+        engine = self.served.engines.get(name)
+        digest = engine.info.digest if engine is not None else ""
+        return {MODEL_DIGEST_HEADER: digest} if digest else None
+
     def authorized(self, request: Call | HTTPRequest) -> bool:
         return key_given(request.headers.get("authorization"), self.config.api_key)
 
@@ -349,8 +355,8 @@ async def systemone(request: Call) -> Reply:
     ctx.check_auth(request)
     strict = strict_of(request.headers.get(STRICT_HEADER), ctx.config.strict)
     req = await ctx.read_json(request)
-    _, (result,) = await ctx.answer_as(request, req)
-    return Reply(result.to_json(strict))
+    name, (result,) = await ctx.answer_as(request, req)
+    return Reply(result.to_json(strict), headers=ctx.digest_header(result.routed_to or name))
 
 
 async def systemone_batch(request: Call) -> Reply:
@@ -362,7 +368,7 @@ async def systemone_batch(request: Call) -> Reply:
     name, results = await ctx.answer_as(request, req)
     total = sum(r.input_tokens for r in results)
     return Reply({"model": name, "results": [r.to_json(strict) for r in results],
-                  "total_usage": {"input_tokens": total, "output_tokens": 0}})
+                  "total_usage": {"input_tokens": total, "output_tokens": 0}}, headers=ctx.digest_header(name))
 
 
 async def systemone_plan(request: Call) -> Reply:
@@ -375,6 +381,11 @@ async def systemone_plan(request: Call) -> Reply:
         return Reply(await ctx.plan_auto(request, req))
     name = ctx.resolve(req.model)
     return Reply(await ctx.plan(request, name, req))
+
+
+MODEL_DIGEST_HEADER = "X-Laya-Model-Digest"
+# what /v1/models says of each model, beside its name: what exactly answers and where
+PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate")
 
 
 async def models(request: HTTPRequest):
@@ -390,9 +401,11 @@ async def models(request: HTTPRequest):
                             status_code=exc.status, headers={"WWW-Authenticate": 'Bearer realm="laya"'})
     out = []
     for n, e in ctx.served.engines.items():
-        entry = {"name": n, "description": redact(e.info.description), "release_date": e.info.release_date}
+        entry: dict[str, Any] = {"name": n, "description": redact(e.info.description),
+                                 "release_date": e.info.release_date}
         described = e.describe()
-        entry |= {f"x_{key}": described[key] for key in ("runtime", "precision") if key in described}
+        entry |= {f"x_{key}": described[key] for key in PROVENANCE if described.get(key) is not None}
+        entry["x_limits"] = ctx.config.limits.published()
         if (readout := described.get("readout")) is not None:  # a GGUF's readout profile
             entry["x_readout"] = readout
         out.append(entry)
@@ -422,6 +435,7 @@ async def health(request: HTTPRequest):
                      "default": ctx.served.default,
                      "models": {n: {**e.describe(), "status": e.status()} for n, e in ctx.served.engines.items()},
                      "queue_rows": {n: b.pending_rows for n, b in ctx.served.batchers.items()},
+                     "limits": ctx.config.limits.published(),
                      "load_errors": ctx.served.load_errors})
 
 
