@@ -40,6 +40,21 @@ Overflow = str | Scan | None
 
 
 OVERFLOW_MODES = ("truncate", "keep_start", "keep_end")
+AS_GIVEN = "as_given"  # `x_order`: each choice read in the order given (the default); see laya.orders
+MAX_ROTATIONS = 255
+
+
+def order_problem(order: Any) -> str | None:
+    """Why `order` is not an `x_order` value (None when it is one): `as_given`, `both` (as given and
+    reversed) or `rotate:K` (K cyclic rotations)."""
+    if order in (AS_GIVEN, "both"):
+        return None
+    if isinstance(order, str) and order.startswith("rotate:"):
+        count = order.removeprefix("rotate:")
+        if count.isascii() and count.isdigit() and 2 <= int(count) <= MAX_ROTATIONS:
+            return None
+    return (f"x_order must be 'as_given', 'both' or 'rotate:K' with K from 2 to {MAX_ROTATIONS}, got "
+            f"{order!r}")[:300]
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,7 @@ class Options:
     reuse_prefix: bool = True  # decide engine: false prefills the request whole, leaving the kept state
     tournament: int | None = None  # answer choices of more options by elimination in groups of this size
     overflow: Overflow = None  # encoder engine: a state longer than the row truncated (which end) or scanned
+    order: str = AS_GIVEN  # each choice read in these option orders, its probabilities averaged (laya.orders)
 
     def __post_init__(self) -> None:
         if (message := group_problem(self.tournament)) is not None:
@@ -56,6 +72,8 @@ class Options:
         if self.overflow is not None and self.overflow not in OVERFLOW_MODES and not isinstance(self.overflow, Scan):
             raise QuestionError(f"overflow must be one of {', '.join(OVERFLOW_MODES)} or a Scan, got "
                                 f"{self.overflow!r}"[:300], error_type="invalid_overflow")
+        if (message := order_problem(self.order)) is not None:
+            raise QuestionError(message, error_type="invalid_order")
 
 
 DEFAULT_OPTIONS = Options()
@@ -75,14 +93,14 @@ class Request:
 
     @classmethod
     def of(cls, states: list[Any], questions: Any, *, reuse_prefix: bool = True, tournament: int | None = None,
-           overflow: Overflow = None) -> Request:
+           overflow: Overflow = None, order: str = AS_GIVEN) -> Request:
         """A request from library values (`Model.prepare`'s): a list of states, the API's question mapping
         (or parsed questions) and options, refused (QuestionError) where the API would refuse them."""
         from laya.questions import check_state
 
         for state in states:
             check_state(state)
-        options = Options(reuse_prefix=reuse_prefix, tournament=tournament, overflow=overflow)
+        options = Options(reuse_prefix=reuse_prefix, tournament=tournament, overflow=overflow, order=order)
         return cls(tuple(states), tuple(parse_questions(questions)), options, batch=True)
 
     @property
@@ -143,7 +161,7 @@ VALIDATED = ValidatedQuestions()
 
 
 def parse_request(body: Any, *, batch: bool = False, limits: Limits | None = None, from_json: bool = False,
-                  sized: bool = False) -> Request:
+                  sized: bool = False, default_order: str = AS_GIVEN) -> Request:
     """Validate a `/v1/systemone` body (or a `/batch` one, with `states`); raises a 422 `ApiError`, or
     a 413 when the request asks for more than `limits` (counted before anything is validated).
     `from_json`: the body is what `json.loads` made, so its question sets may be remembered by their
@@ -175,7 +193,7 @@ def parse_request(body: Any, *, batch: bool = False, limits: Limits | None = Non
         problems.append(Problem(("questions",), "Field required", "missing"))
     else:
         parsed = (VALIDATED if from_json else check_questions)(body["questions"], problems)
-    options = options_of(body, problems)
+    options = options_of(body, problems, default_order)
     lang = body.get("x_lang")
     if lang is not None and (not isinstance(lang, str) or len(lang) > MAX_LANG_CHARS):
         problems.append(Problem(("x_lang",), f"x_lang must be a language code such as 'en' or 'pt-BR' (at most "
@@ -186,8 +204,9 @@ def parse_request(body: Any, *, batch: bool = False, limits: Limits | None = Non
     return Request(states, tuple(parsed), options, model=model, lang=lang, batch=batch)
 
 
-def options_of(body: dict[str, Any], problems: list[Problem]) -> Options:
-    """The body's options (`reuse_prefix`, `tournament`, `x_overflow`), each problem listed."""
+def options_of(body: dict[str, Any], problems: list[Problem], default_order: str = AS_GIVEN) -> Options:
+    """The body's options (`reuse_prefix`, `tournament`, `x_overflow`, `x_order`, else the server's
+    `default_order`), each problem listed."""
     before = len(problems)
     reuse = body.get("reuse_prefix")
     if reuse is not None and not isinstance(reuse, bool):
@@ -196,9 +215,14 @@ def options_of(body: dict[str, Any], problems: list[Problem]) -> Options:
     if (message := group_problem(tournament)) is not None:
         problems.append(Problem(("tournament",), message, "int_type"))
     overflow = overflow_of(body.get("x_overflow"), problems) if "x_overflow" in body else None
+    order = body.get("x_order")
+    if order is None:
+        order = default_order
+    elif (message := order_problem(order)) is not None:
+        problems.append(Problem(("x_order",), message, "order_type"))
     if len(problems) > before:
         return DEFAULT_OPTIONS
-    return Options(reuse_prefix=reuse is not False, tournament=tournament, overflow=overflow)
+    return Options(reuse_prefix=reuse is not False, tournament=tournament, overflow=overflow, order=order)
 
 
 SCAN_KEYS = ("window", "stride", "aggregate")

@@ -328,6 +328,12 @@ MUTANTS = [
     Mutant("digest-header-off", "laya/server/routes.py",
            "        return {MODEL_DIGEST_HEADER: digest} if digest else None", "        return None",
            ("tests/test_provenance.py",), "an answer no longer names the artifact that gave it"),
+    Mutant("orders-first-only", "laya/orders.py",
+           "    probabilities = {key: sum((r.probabilities or {}).get(key, 0.0) for r in readings) / n",
+           "    probabilities = {key: (readings[0].probabilities or {}).get(key, 0.0)", ("tests/test_orders.py",),
+           "x_order reads every order and keeps the first"),
+    Mutant("orders-reversed-is-given", "laya/orders.py", "        return [given, given[::-1]]",
+           "        return [given, given]", ("tests/test_orders.py",), "both reads the given order twice"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

@@ -180,3 +180,28 @@ def test_the_encoder_lens_ends_at_the_answer_and_says_where_answers_settle(data,
     assert summary["settles_at_mean"] == pytest.approx(sum(x["settles_at"] for x in lines) / len(lines))
     done = run_cli(str(data), "-m", "http://127.0.0.1:9", "--lens", str(lens), "--work", str(tmp_path / "w"))
     assert done.returncode != 0 and "--lens reads laya checkpoints" in done.stderr
+
+
+def test_order_sensitivity_is_measured_and_x_order_removes_it(data, checkpoint_dir, tmp_path):
+    """Per method, the largest change of an option's probability when the options are reversed, as
+    this test recomputes it from the kept answers; with `--order both` a choice reads both orders, so
+    reversing the list changes nothing."""
+    method = f"{checkpoint_dir}:torch"
+    plain, both = tmp_path / "plain.json", tmp_path / "both.json"
+    done = run_cli(str(data), "-m", method, "--order-sensitivity", "--json", str(plain))
+    assert done.returncode == 0, done.stderr
+    found = json.loads(plain.read_text())["methods"][method]["order_sensitivity"]
+    records = read_records(data)
+    kept = jsonl.outcomes(tmp_path / "plain.work" / f"{evaluation.parse_method(method).slug}.jsonl")
+    changes = []
+    for record in records:
+        a = kept[evaluation.key_of(record)]["response"]["answers"]["team"]["probabilities"]
+        b = kept[evaluation.key_of(evaluation.reversed_record(record))]["response"]["answers"]["team"]["probabilities"]
+        changes.append(max(abs(a[k] - b[k]) for k in TEAMS))
+    assert found["questions"] == len(STATES) and found["max"] == pytest.approx(max(changes)) and max(changes) > 1e-4
+    assert found["mean"] == pytest.approx(sum(changes) / len(changes)) and "order sensitivity" in done.stdout
+    done = run_cli(str(data), "-m", method, "--order", "both", "--order-sensitivity", "--json", str(both))
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(both.read_text())
+    assert rep["order"] == "both" and rep["methods"][method]["order_sensitivity"]["max"] < 1e-6
+    assert run_cli(str(data), "-m", method, "--order", "sideways").returncode == 2

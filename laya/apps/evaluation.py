@@ -20,7 +20,7 @@ import math
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from laya.calibration.data import Record
 from laya.calibration.metrics import coverage_at_precision, summarise
 from laya.engine import Engine
 from laya.errors import LayaError
+from laya.questions import parse_questions
 
 RUNTIMES = ("auto", "torch", "onnx", "mlx", "coreml", "llama")
 MAX_CONCURRENCY = 64
@@ -87,18 +88,57 @@ def local_engine(method: Method, threads: int | None, decide_probe: str | None =
                        decide_probe=decide_probe)
 
 
-def _lines(records: Sequence[Record], model: str | None) -> Iterator[jsonl.Line]:
+def _lines(records: Sequence[Record], model: str | None, order: str | None = None) -> Iterator[jsonl.Line]:
     for record in records:
-        body = {"state": record.state, "questions": record.questions, **({"model": model} if model else {})}
-        yield jsonl.Line(record.line, key_of(record), body)
+        body = {"state": record.state, "questions": record.questions, **({"model": model} if model else {}),
+                **({"x_order": order} if order else {})}
+        yield jsonl.Line(record.line, key_of(record, order), body)
 
 
-def key_of(record: Record) -> str:
-    """A labelled state's id in the work files: its line and a hash of what it asks (an edited line is
-    asked again)."""
-    digest = hashlib.sha256(json.dumps([record.state, record.questions], sort_keys=True,
-                                       ensure_ascii=False).encode()).hexdigest()[:16]
+def key_of(record: Record, order: str | None = None) -> str:
+    """A labelled state's id in the work files: its line and a hash of what it asks, in which option
+    order and with which `x_order` (an edited line is asked again)."""
+    asked = [record.state, record.questions] + ([order] if order else [])
+    digest = hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()[:16]
     return f"{record.line}:{digest}"
+
+
+def reversed_record(record: Record) -> Record:
+    """The record with every choice's options listed in the reverse order (labels are by option
+    name, so they still hold): what order sensitivity compares the record with."""
+    questions = {qid: _reversed(q) for qid, q in record.questions.items()}
+    return replace(record, questions=questions, parsed=parse_questions(questions))
+
+
+def _reversed(question: Any) -> Any:
+    if not isinstance(question, dict) or question.get("type") != "choice":
+        return question
+    criteria = question.get("criteria")
+    if isinstance(criteria, dict):
+        return {**question, "criteria": dict(reversed(list(criteria.items())))}
+    if isinstance(criteria, list):
+        return {**question, "criteria": criteria[::-1]}
+    return question
+
+
+def order_sensitivity(records: Sequence[Record], given: dict[str, dict[str, Any]],
+                      turned: dict[str, dict[str, Any]], order: str | None = None) -> dict[str, Any]:
+    """How much a method's choices depend on the option order: per choice question answered both ways,
+    the largest change of an option's probability between the order given and the reverse; their
+    largest and their mean."""
+    changes = []
+    for record in records:
+        one, other = given.get(key_of(record, order)), turned.get(key_of(reversed_record(record), order))
+        if not (one and other and "response" in one and "response" in other):
+            continue
+        for q in record.parsed:
+            if q.qtype != "choice":
+                continue
+            a = one["response"]["answers"][q.qid]["probabilities"]
+            b = other["response"]["answers"][q.qid]["probabilities"]
+            changes.append(max(abs(float(a[k]) - float(b[k])) for k in q.keys))
+    return {"questions": len(changes), "max": max(changes, default=math.nan),
+            "mean": float(np.mean(changes)) if changes else math.nan}
 
 
 def timed(answer: jsonl.Answer) -> jsonl.Answer:
@@ -115,16 +155,17 @@ def timed(answer: jsonl.Answer) -> jsonl.Answer:
 
 def run_method(method: Method, records: Sequence[Record], work: Path, *, concurrency: int = 1,
                api_key: str | None = None, threads: int | None = None, progress: bool = True,
-               decide_probe: str | None = None) -> dict[str, Any]:
+               decide_probe: str | None = None, order: str | None = None) -> dict[str, Any]:
     """The method's outcome for every record (by `key_of`), asking only those not in its work file
-    (`decide_probe`: a GGUF's decisions' lens lines go to that file)."""
+    (`decide_probe`: a GGUF's decisions' lens lines go to that file; `order`: every request's
+    `x_order`)."""
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise LayaError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{method.slug}.jsonl"
-    keys = {key_of(r) for r in records}
+    keys = {key_of(r, order) for r in records}
     done = jsonl.outcomes(out)
-    todo = [r for r in records if key_of(r) not in done]
+    todo = [r for r in records if key_of(r, order) not in done]
     if todo:
         if method.remote:
             answer = jsonl.remote_answer(method.source, api_key, concurrency, timed=True)
@@ -132,7 +173,8 @@ def run_method(method: Method, records: Sequence[Record], work: Path, *, concurr
         else:
             answer, chunk = jsonl.local_answer(local_engine(method, threads, decide_probe)), 1
         try:
-            jsonl.run(_lines(todo, method.model), out, timed(answer), total=len(todo), chunk=chunk, progress=progress)
+            jsonl.run(_lines(todo, method.model, order), out, timed(answer), total=len(todo), chunk=chunk,
+                      progress=progress)
         finally:
             getattr(answer, "close", lambda: None)()
     return {k: v for k, v in jsonl.outcomes(out).items() if k in keys}
@@ -148,14 +190,14 @@ def probabilities(question: Any, answer: dict[str, Any]) -> np.ndarray:
 
 
 def figures(records: Sequence[Record], outcomes: dict[str, dict[str, Any]], *, precision: float = 0.9,
-            bins: int = 10) -> dict[str, Any]:
+            bins: int = 10, order: str | None = None) -> dict[str, Any]:
     """Every figure of one method over the labelled records it answered."""
     probs: dict[str, list[np.ndarray]] = {}
     labels: dict[str, list[int]] = {}
     every_p, every_y, all_right, ms, tokens, failed = [], [], [], [], [], 0
     slices: dict[str, dict[str, list[bool]]] = {"tag": {}, "lang": {}}
     for record in records:
-        outcome = outcomes.get(key_of(record))
+        outcome = outcomes.get(key_of(record, order))
         if outcome is None or "response" not in outcome:
             failed += 1
             continue
@@ -200,9 +242,10 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def report(records: Sequence[Record], results: dict[str, dict[str, dict[str, Any]]], *, data: str,
-           precision: float) -> dict[str, Any]:
-    return {"data": data, "records": len(records),
-            "methods": {spec: figures(records, outcomes, precision=precision) for spec, outcomes in results.items()}}
+           precision: float, order: str | None = None) -> dict[str, Any]:
+    return {"data": data, "records": len(records), **({"order": order} if order else {}),
+            "methods": {spec: figures(records, outcomes, precision=precision, order=order)
+                        for spec, outcomes in results.items()}}
 
 
 def markdown(rep: dict[str, Any]) -> str:
@@ -217,7 +260,13 @@ def markdown(rep: dict[str, Any]) -> str:
             _num(f["accuracy"]), _num(f["all_right"]), _num(f["nll"]), _num(f["brier"]), _num(f["ece"]),
             _num(f["coverage"]["coverage"]), _num(f["ms"]["p50"], 1), _num(f["ms"]["p90"], 1),
             _num(f["tokens"]["mean"], 0)]) + " |")
-    lines = [f"{rep['records']} labelled states from {rep['data']}", "", *rows]
+    lines = [f"{rep['records']} labelled states from {rep['data']}" + (f", x_order {rep['order']}" if rep.get("order")
+                                                                         else ""), "", *rows]
+    for spec, f in rep["methods"].items():
+        if (found := f.get("order_sensitivity")) is not None:
+            lines.append(f"\n`{spec}`, order sensitivity (largest change of an option's probability, options "
+                         f"reversed): max {_num(found['max'])}, mean {_num(found['mean'])} over "
+                         f"{found['questions']} choices")
     for spec, f in rep["methods"].items():
         for kind, groups in f["by"].items():
             parts = ", ".join(f"{name} {g['all_right']:.3f} (n {g['n']})" for name, g in groups.items())

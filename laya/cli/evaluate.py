@@ -37,8 +37,21 @@ def register(sub: Subparsers) -> None:
     ev.add_argument("--lens", metavar="FILE", help="laya checkpoints: append each answer's per-layer lens to FILE "
                                                    "(the head applied to every encoder layer's states) and print "
                                                    "the layer at which answers settle")
+    ev.add_argument("--order", type=_order, help="every request's x_order: both or rotate:K (each choice read in "
+                                                 "those option orders, its probabilities averaged)")
+    ev.add_argument("--order-sensitivity", action="store_true",
+                    help="ask each record again with every choice's options reversed and report, per method, the "
+                         "largest change of an option's probability")
     ev.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ev.set_defaults(func=cmd_eval)
+
+
+def _order(value: str) -> str:
+    from laya.request import order_problem
+
+    if (message := order_problem(value)) is not None:
+        raise argparse.ArgumentTypeError(message)
+    return value
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -62,14 +75,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError("--lens reads laya checkpoints, and no method is one (--decide-probe FILE reads a GGUF's)")
     work = Path(args.work or (Path(args.json).with_suffix(".work") if args.json else ".laya-eval"))
     keys = url_keys(args.url_key, methods)
-    results = {}
+    results, sensitivity = {}, {}
     for method in methods:
         if not args.no_progress:
             print(f"laya: {method.spec}", file=sys.stderr)
-        results[method.spec] = evaluation.run_method(method, records, work, concurrency=args.concurrency,
-                                                     api_key=keys.get(method.spec), threads=args.threads,
-                                                     progress=not args.no_progress, decide_probe=args.decide_probe)
-    rep = evaluation.report(records, results, data=args.data, precision=args.target_precision)
+        asking = dict(concurrency=args.concurrency, api_key=keys.get(method.spec), threads=args.threads,
+                      progress=not args.no_progress, decide_probe=args.decide_probe, order=args.order)
+        results[method.spec] = evaluation.run_method(method, records, work, **asking)
+        if args.order_sensitivity:
+            turned = [evaluation.reversed_record(r) for r in records]
+            sensitivity[method.spec] = evaluation.order_sensitivity(
+                records, results[method.spec], evaluation.run_method(method, turned, work, **asking), args.order)
+    rep = evaluation.report(records, results, data=args.data, precision=args.target_precision, order=args.order)
+    for spec, found in sensitivity.items():
+        rep["methods"][spec]["order_sensitivity"] = found
     if args.lens:
         for method in methods:
             if not (method.remote or is_gguf(method.source)):

@@ -44,6 +44,14 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+def _order(value: str) -> str:
+    from laya.request import order_problem
+
+    if (message := order_problem(value)) is not None:
+        raise argparse.ArgumentTypeError(message)
+    return value
+
+
 def register(sub: Subparsers) -> None:
     """Add `laya serve` to the subparsers `sub`."""
     srv = sub.add_parser("serve", help="serve /v1/systemone over HTTP")
@@ -62,6 +70,9 @@ def register(sub: Subparsers) -> None:
     srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
     srv.add_argument("--public-metrics", action="store_true",
                      help="with a key: /metrics answers without it (a scraper on a trusted network)")
+    srv.add_argument("--order", default="as_given", type=_order,
+                     help="x_order of a request that does not say: as_given (default), both (as given and "
+                          "reversed) or rotate:K (K rotations); each choice's probabilities averaged over its orders")
     srv.add_argument("--strict", action="store_true",
                      help="answers and errors with the System One contract's fields only, no x_ extension "
                           "(a request's X-Laya-Strict: 1/0 header decides for itself)")
@@ -163,7 +174,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           drain_s=args.drain_s,
                           max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS,
-                          public_metrics=args.public_metrics, public_docs=args.public_docs, strict=args.strict)
+                          public_metrics=args.public_metrics, public_docs=args.public_docs, strict=args.strict,
+                          order=args.order)
     options = ServeOptions(models=[ModelSpec.parse(m) for m in args.model], runtime=args.runtime,
                            precision=args.precision, threads=args.threads, n_ctx=args.n_ctx,
                            prefix_cache=args.prefix_cache,

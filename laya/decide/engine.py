@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 from laya.decide.model import DecideModel, Planned, decisions
@@ -11,6 +12,7 @@ from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.native.cpu import cpu
+from laya.orders import OrderedJob, execute_in_orders, prepare_in_orders
 from laya.plan import HEADROOM, report
 from laya.questions import Question
 from laya.redaction import redact
@@ -43,11 +45,17 @@ class DecideEngine(InProcessEngine):
     description: str = "chat model read by first-token scoring (llama.cpp)"
     kind: ClassVar[str] = "decide"
 
-    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> DecideJob:
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
+                ) -> DecideJob | OrderedJob:
         """Past `deadline` (monotonic) the job stops at its next decision, as a cancelled one does.
         A chat model reads the whole state or refuses it (413): it has no window to keep one end of.
         A choice whose prompt the context cannot hold is played as a tournament of groups that it can
-        (`tournament=G`: of G options, for every larger choice)."""
+        (`tournament=G`: of G options, for every larger choice). With `x_order`, a part per order, each
+        with every question (a prompt may list them all), over the same kept state prefix."""
+        return prepare_in_orders(request, partial(self._prepare_one, limits=limits, deadline=deadline), limits,
+                                 deadline, carry_all=True, counted="decisions")
+
+    def _prepare_one(self, request: Request, *, limits: Limits, deadline: float | None = None) -> DecideJob:
         if request.options.overflow is not None:
             raise QuestionError("x_overflow is for encoder models, whose row holds a bounded part of the state; "
                                 f"{self.model.name} reads the whole state (a 413 when its context cannot hold it)",
@@ -62,7 +70,7 @@ class DecideEngine(InProcessEngine):
         figures = {"states": len(request.states), "questions": len(request.questions)}
         describe = self.describe()
         try:
-            job = self.prepare(request, limits=limits.times(HEADROOM))
+            job = self._prepare_one(request, limits=limits.times(HEADROOM))
         except QuestionError as exc:
             return report(self.model.name, describe, limits, states=[], figures=figures, exact=False, refused=exc)
         planned = [self._state_plan(p) for p in job.planned]
@@ -96,8 +104,11 @@ class DecideEngine(InProcessEngine):
                 "longest_prompt": max(lengths, default=0), "context": self.model.backend.n_ctx,
                 "state_tokens_dropped": 0, "dropped": None, "questions": questions}
 
-    def execute(self, jobs: list[DecideJob]) -> list[list[SystemOneResponse]]:
+    def execute(self, jobs: list[DecideJob | OrderedJob]) -> list[list[SystemOneResponse]]:
         """Decisions run one at a time; a cancelled job stops at its next decision (and gets no answers)."""
+        return execute_in_orders(jobs, self._execute)
+
+    def _execute(self, jobs: list[DecideJob]) -> list[list[SystemOneResponse]]:
         out = []
         for job in jobs:
             try:

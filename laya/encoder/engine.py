@@ -13,6 +13,7 @@ from laya.engine import InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.native.cpu import cpu
+from laya.orders import OrderedJob, execute_in_orders, prepare_in_orders
 from laya.plan import HEADROOM, report
 from laya.redaction import redact
 from laya.request import Request
@@ -28,14 +29,19 @@ class EncoderEngine(InProcessEngine):
     description: str = "laya decision model"
     kind: ClassVar[str] = "encoder"
 
-    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> Prepared:
+    def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
+                ) -> Prepared | OrderedJob:
         """(`reuse_prefix` concerns the decide engine; an encoder has no kept state.) A tournament's rows
         count against the limits: every group of every round and the final row. Past `deadline`
-        (monotonic) the job stops between forward passes, as a cancelled one does."""
-        prepared = self.model.prepare_request(request, limits)
-        prepared.cancelled = StopFlag(deadline)
-        _check(prepared, limits)
-        return prepared
+        (monotonic) the job stops between forward passes, as a cancelled one does. With `x_order`, a
+        part per order (only the reordered choices: each question is a row of its own)."""
+        def one(part: Request) -> Prepared:
+            prepared = self.model.prepare_request(part, limits)
+            prepared.cancelled = StopFlag(deadline)
+            _check(prepared, limits)
+            return prepared
+
+        return prepare_in_orders(request, one, limits, deadline, carry_all=False)
 
     def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """What `prepare` and the forward pass would do with this request (`laya.plan`), running nothing."""
@@ -54,8 +60,8 @@ class EncoderEngine(InProcessEngine):
             refused = exc
         return report(self.model.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
 
-    def execute(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
-        return self.model.answer(jobs)
+    def execute(self, jobs: list[Prepared | OrderedJob]) -> list[list[SystemOneResponse]]:
+        return execute_in_orders(jobs, self.model.answer)
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice

@@ -119,7 +119,7 @@ class Context:
             return body
 
         return await self.read_body(request, sized, lambda body: parse_request(
-            body, batch=many(body), limits=limits, from_json=True, sized=True))
+            body, batch=many(body), limits=limits, from_json=True, sized=True, default_order=self.config.order))
 
     async def read_body(self, request: Call, first: Callable[[Any], Any], then: Callable[[Any], T]) -> T:
         """A JSON body through `first` (checks before the tree is walked), the tree's bounds, then

@@ -43,6 +43,8 @@ class ServerConfig:
     # Answers and errors with the System One contract's fields only, no `x_` extension (a request's
     # `X-Laya-Strict` header decides for itself)
     strict: bool = False
+    # `x_order` of a request that does not say (`laya serve --order`): as_given, both or rotate:K
+    order: str = "as_given"
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # rebuilt from JSON in worker processes
