@@ -19,7 +19,9 @@ from laya.errors import CheckpointError, LayaError, QuestionError, RuntimeUnavai
 from laya.version import __version__
 
 __all__ = ["CheckpointError", "LayaError", "Model", "QuestionError", "Router", "RuntimeUnavailable", "__version__",
-           "load", "load_router", "open_engine", "train"]
+           "cached_embed_fn", "embed_fn_from_model", "load", "load_router", "open_engine", "predict_shortlist",
+           "train"]
+SHORTLIST = ("cached_embed_fn", "embed_fn_from_model", "predict_shortlist", "shortlist_choice")
 
 if TYPE_CHECKING:
     from laya.routing.router import Router
@@ -51,4 +53,8 @@ def __getattr__(name: str) -> Any:
         from laya.routing.router import Router
 
         return Router
+    if name in SHORTLIST:
+        from laya.encoder import shortlist
+
+        return getattr(shortlist, name)
     raise AttributeError(f"module 'laya' has no attribute {name!r}")

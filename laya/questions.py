@@ -76,6 +76,7 @@ class Question:
     # a score's level texts by level: compared, not hashed (a dict), so a question set can key a
     # cache (the engine process's question slots); every other field says the levels already
     legend: dict[str, Any] | None = field(default=None, hash=False)
+    shortlist: int | None = None  # `x_shortlist`: a choice answered on its K options nearest the state
 
     @property
     def qtype_index(self) -> int:
@@ -291,6 +292,12 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
         descriptions = [false_text, true_text]
         keys = ["false", "true"]
         options = [f"{false_label}: {false_text}", f"{true_label}: {true_text}"]
+    shortlist = spec.get("x_shortlist")
+    if shortlist is not None and (qtype != "choice" or isinstance(shortlist, bool) or not isinstance(shortlist, int)
+                                  or not 1 <= shortlist <= MAX_OPTIONS):
+        problems.append(Problem((*loc, "x_shortlist"), f"x_shortlist is a choice question's number of options to "
+                                                       f"keep, from 1 to {MAX_OPTIONS}", "shortlist_type"))
+        return None
     return Question(
         qid=qid,
         qtype=qtype,
@@ -300,6 +307,7 @@ def check_question(qid: Any, spec: Any, problems: list[Problem]) -> Question | N
         names=tuple(names),
         descriptions=tuple(descriptions),
         legend=legend,
+        shortlist=shortlist,
     )
 
 

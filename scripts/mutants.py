@@ -334,6 +334,12 @@ MUTANTS = [
            "x_order reads every order and keeps the first"),
     Mutant("orders-reversed-is-given", "laya/orders.py", "        return [given, given[::-1]]",
            "        return [given, given]", ("tests/test_orders.py",), "both reads the given order twice"),
+    Mutant("shortlist-kept-only", "laya/encoder/shortlist.py",
+           "    probabilities = {key: float(given.get(key, 0.0)) for key in keys}",
+           "    probabilities = {key: float(value) for key, value in given.items()}", ("tests/test_shortlist.py",),
+           "a shortlisted answer lists only the kept options (the contract wants every option asked)"),
+    Mutant("shortlist-query-bare", "laya/encoder/shortlist.py", '    return f"{said}\\n{body}"', "    return body",
+           ("tests/test_shortlist.py",), "the shortlist's query leaves out the question's instructions"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

@@ -75,6 +75,6 @@ def test_default_models_of_laya_serve(caplog, monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # laya-multilingual is not cached here
     with caplog.at_level("INFO", logger="laya.server"):
         engines = load_engines(ServeOptions(n_ctx=1024))
-    assert [e.name for e in engines] == ["smollm2-135m-instruct"]
+    assert [e.info.name for e in engines] == ["smollm2-135m-instruct"]
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("default models"))
     assert "loaded smollm2-135m-instruct" in line and "could not load laya-multilingual" in line

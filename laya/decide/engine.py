@@ -56,6 +56,10 @@ class DecideEngine(InProcessEngine):
                                  deadline, carry_all=True, counted="decisions")
 
     def _prepare_one(self, request: Request, *, limits: Limits, deadline: float | None = None) -> DecideJob:
+        if shortlisted := next((q for q in request.questions if q.shortlist is not None), None):
+            raise QuestionError(f"x_shortlist ranks options with a laya encoder's embeddings; {self.model.name} is "
+                                "a chat model with none (ask a laya model, or use tournament)",
+                                qid=shortlisted.qid, error_type="invalid_shortlist")
         if request.options.overflow is not None:
             raise QuestionError("x_overflow is for encoder models, whose row holds a bounded part of the state; "
                                 f"{self.model.name} reads the whole state (a 413 when its context cannot hold it)",

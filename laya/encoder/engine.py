@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
 from laya.encoder.plan import plan_states
+from laya.encoder.shortlist import shortlist_request, widened
 from laya.engine import InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
@@ -36,7 +37,9 @@ class EncoderEngine(InProcessEngine):
         (monotonic) the job stops between forward passes, as a cancelled one does. With `x_order`, a
         part per order (only the reordered choices: each question is a row of its own)."""
         def one(part: Request) -> Prepared:
+            part, shortlists = shortlist_request(self.model, part)
             prepared = self.model.prepare_request(part, limits)
+            prepared.shortlists = shortlists
             prepared.cancelled = StopFlag(deadline)
             _check(prepared, limits)
             return prepared
@@ -53,6 +56,12 @@ class EncoderEngine(InProcessEngine):
             return report(self.model.name, describe, limits, states=[], figures=figures, exact=True, refused=exc)
         figures |= {"rows": job.n_rows, "tokens": job.n_tokens}
         planned, exact = plan_states(self.model, job)
+        shortlists = {q.qid: {"k": q.shortlist, "n": q.n_options, "embedded_texts": q.n_options + 1}
+                      for q in request.questions if q.shortlist is not None and q.shortlist < q.n_options}
+        for state in planned if shortlists else ():  # rows and tokens as asked: a bound of the kept options'
+            for qid, cost in shortlists.items():
+                state["questions"][qid]["x_shortlist"] = cost
+        exact &= not shortlists
         refused = None
         try:
             _check(job, limits)
@@ -61,7 +70,15 @@ class EncoderEngine(InProcessEngine):
         return report(self.model.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
 
     def execute(self, jobs: list[Prepared | OrderedJob]) -> list[list[SystemOneResponse]]:
-        return execute_in_orders(jobs, self.model.answer)
+        return execute_in_orders(jobs, self._answer)
+
+    def _answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
+        out = self.model.answer(jobs)
+        for job, responses in zip(jobs, out):
+            for response in responses if job.shortlists else ():
+                for qid, (said, keys) in job.shortlists.items():
+                    response.answers[qid] = widened(response.answers[qid], said, keys)
+        return out
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice

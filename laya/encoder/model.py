@@ -88,6 +88,8 @@ class Prepared:
     # a scanned request: per state of the request, how it was read; `states` and `rows` then hold
     # every window of every state in order, and the answers of a state's windows make its one answer
     windows: list[Windows] | None = None
+    # `x_shortlist` choices: qid -> (what the answer reports, the options as asked) (laya.encoder.shortlist)
+    shortlists: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def tournament_rows(self) -> int:

@@ -404,7 +404,7 @@ async def models(request: HTTPRequest):
         entry: dict[str, Any] = {"name": n, "description": redact(e.info.description),
                                  "release_date": e.info.release_date}
         described = e.describe()
-        entry |= {f"x_{key}": described[key] for key in PROVENANCE if described.get(key) is not None}
+        entry |= {f"x_{key}": described[key] for key in PROVENANCE if described.get(key) not in (None, "", {})}
         entry["x_limits"] = ctx.config.limits.published()
         if (readout := described.get("readout")) is not None:  # a GGUF's readout profile
             entry["x_readout"] = readout
