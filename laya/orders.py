@@ -78,6 +78,10 @@ class OrderedJob:
     def n_rows(self) -> int:
         return sum(part.n_rows for part in self.parts)
 
+    @property
+    def n_tokens(self) -> int:
+        return sum(getattr(part, "n_tokens", 0) for part in self.parts)
+
 
 def prepare_in_orders(request: Request, prepare: Callable[[Request], Any], limits: Limits = UNLIMITED,
                       deadline: float | None = None, carry_all: bool = True, counted: str = "rows") -> Any:

@@ -340,6 +340,11 @@ MUTANTS = [
            "a shortlisted answer lists only the kept options (the contract wants every option asked)"),
     Mutant("shortlist-query-bare", "laya/encoder/shortlist.py", '    return f"{said}\\n{body}"', "    return body",
            ("tests/test_shortlist.py",), "the shortlist's query leaves out the question's instructions"),
+    Mutant("batch-token-budget-ignored", BATCHER,
+           "while rows < self.max_rows and (self.max_tokens is None or tokens < self.max_tokens):",
+           "while rows < self.max_rows:",
+           ("tests/test_admission.py::test_a_batch_holds_a_token_budget_as_well_as_rows",),
+           "--max-batch-tokens bounds nothing"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.

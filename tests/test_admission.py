@@ -262,3 +262,37 @@ def test_a_flood_of_large_plans_meets_429_while_decisions_keep_going(model):
     assert statuses.count(429) > 0 and statuses.count(200) > 0, sorted(set(map(str, statuses)))
     rate_alone, rate_beside = len(alone.outcomes) / 2.0, len(beside.outcomes) / 4.0
     assert rate_beside >= 0.25 * rate_alone, (rate_alone, rate_beside)
+
+
+class _Counted:
+    def __init__(self, name: str, n_tokens: int):
+        self.name, self.n_tokens = name, n_tokens
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@pytest.mark.parametrize(("max_tokens", "batches"), [(None, [["a"], ["b", "c", "d"]]),
+                                                     (300, [["a"], ["b", "c"], ["d"]])])
+def test_a_batch_holds_a_token_budget_as_well_as_rows(max_tokens, batches):
+    """With a token budget (`--max-batch-tokens`, for a GPU, which fills on tokens), jobs join a
+    forward batch while it holds fewer tokens than the budget; without one, only rows bound it."""
+    engine = _Gated()
+    jobs = {name: _Counted(name, 200) for name in "abcd"}
+
+    async def scenario():
+        b = MicroBatcher(engine, max_tokens=max_tokens)
+        b.start()
+        try:
+            first = asyncio.ensure_future(b.submit(jobs["a"], 1))
+            while not engine.started.is_set():
+                await asyncio.sleep(0.001)
+            rest = [asyncio.ensure_future(b.submit(jobs[n], 1)) for n in "bcd"]
+            await asyncio.sleep(0.05)  # queued while the engine is busy
+            engine.gate.set()
+            return [await f for f in (first, *rest)]
+        finally:
+            await b.stop()
+
+    asyncio.run(scenario())
+    assert [[job.name for job in batch] for batch in engine.batches] == batches

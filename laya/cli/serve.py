@@ -44,6 +44,16 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {value!r}")
+    return number
+
+
 def _order(value: str) -> str:
     from laya.request import order_problem
 
@@ -142,6 +152,8 @@ def _add_admission_args(srv: argparse.ArgumentParser) -> None:
                      help="how long a request shed at the door waits for its 429 (at most its Retry-After; "
                           "default 1000)")
     srv.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward batch")
+    srv.add_argument("--max-batch-tokens", type=_positive, default=None,
+                     help="tokens per forward batch as well (a GPU fills on tokens; default: rows only)")
     srv.add_argument("--max-body-mb", type=int, default=8, help="largest request body, after decompression")
 
 
@@ -172,7 +184,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_concurrency=args.max_concurrency, shed_hold_ms=args.shed_hold_ms,
                           max_queue_ms=args.max_queue_ms, request_timeout_s=args.request_timeout_s,
                           drain_s=args.drain_s,
-                          max_batch_rows=args.max_batch_rows, max_body_bytes=args.max_body_mb * 1024 * 1024,
+                          max_batch_rows=args.max_batch_rows, max_batch_tokens=args.max_batch_tokens,
+                          max_body_bytes=args.max_body_mb * 1024 * 1024,
                           limits=limits, loopback_only=args.host in LOOPBACK_BINDS,
                           public_metrics=args.public_metrics, public_docs=args.public_docs, strict=args.strict,
                           order=args.order)

@@ -246,7 +246,8 @@ def activate(engines: list[AnyEngine], served: Served, metrics: Metrics, config:
             PassThrough(engine, max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
             if isinstance(engine, ForwardingEngine) else
             MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
-                         max_pending_rows=config.max_pending_rows, on_batch=metrics.batch))
+                         max_pending_rows=config.max_pending_rows, on_batch=metrics.batch,
+                         max_tokens=config.max_batch_tokens))
         batcher.start()
         served.engines[name] = engine
         served.batchers[name] = batcher

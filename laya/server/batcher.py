@@ -72,10 +72,12 @@ class DrainRate:
 
 class MicroBatcher:
     def __init__(self, engine: Engine, *, max_wait_ms: float = 0.0, max_rows: int = 64, max_pending_rows: int = 512,
-                 on_batch=None):
+                 on_batch=None, max_tokens: int | None = None):
         self.engine = engine
         self.max_wait = max_wait_ms / 1000.0
         self.max_rows = max_rows
+        # a pass's token budget (a GPU fills on tokens, not rows): jobs join a batch while it holds both
+        self.max_tokens = max_tokens
         self.max_pending_rows = max_pending_rows
         self.on_batch = on_batch
         self.pending_rows = 0  # reserved by admitted requests, until their job is done
@@ -132,9 +134,9 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while True:
             first = await self._queue.get()
-            batch, rows = [first], first.rows
+            batch, rows, tokens = [first], first.rows, _tokens(first.job)
             deadline = time.perf_counter() + self.max_wait
-            while rows < self.max_rows:
+            while rows < self.max_rows and (self.max_tokens is None or tokens < self.max_tokens):
                 try:
                     item = self._queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -147,6 +149,7 @@ class MicroBatcher:
                         break
                 batch.append(item)
                 rows += item.rows
+                tokens += _tokens(item.job)
             live = [it for it in batch if not it.future.done()]
             try:
                 if live:
@@ -182,6 +185,11 @@ class MicroBatcher:
                             batch_rows=rows, batch_jobs=len(items), leads_batch=leader)
             leader = False
             it.future.set_result((outcome, timing))
+
+
+def _tokens(job: Any) -> int:
+    """The tokens a job's rows read (0 where its engine does not count them ahead: a chat model's)."""
+    return int(getattr(job, "n_tokens", 0) or 0)
 
 
 def run_together(engine: Engine, jobs: list[Job]) -> list[list[SystemOneResponse] | Exception]:

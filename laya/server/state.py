@@ -23,6 +23,7 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_wait_ms: float = 0.0  # 0: an idle engine starts at once; what queued while it ran batches
     max_batch_rows: int = 64
+    max_batch_tokens: int | None = None  # a forward batch's token budget too (a GPU's pass), None: rows only
     max_pending_rows: int = 512  # rows waiting or running per model before 429
     max_concurrency: int = 64  # decision requests inside the server at once; more are shed at the door
     # Shed at the door while the work inside would take longer than this to drain (None: no bound of
