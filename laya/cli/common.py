@@ -77,16 +77,12 @@ def state_arg(value: str, as_json: bool) -> Any:
 def read_api_key(path: str | None) -> str | None:
     """The key from `--api-key-file` or `LAYA_API_KEY`, which is then removed from this process's
     environment so no child (a server worker, a compiler) inherits it."""
+    from laya.apps.outbound import read_key_file
+
     env_key = os.environ.pop("LAYA_API_KEY", None)
     if path is None:
         return env_key or None
-    try:
-        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LayaError(f"--api-key-file {path}: cannot read it ({exc})") from exc
-    if not key or "\n" in key:
-        raise LayaError(f"--api-key-file {path}: the file must hold one non-empty line, the key")
-    return key
+    return read_key_file(path, "--api-key-file")
 
 
 def refuse_api_key_flag(args: argparse.Namespace) -> None:

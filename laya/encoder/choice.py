@@ -520,13 +520,9 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
             raise RuntimeUnavailable("compact prompts run on Core ML's Neural Engine programs, which auto does not "
                                      "choose here (no Apple silicon with coremltools and MLX); name "
                                      "runtime='coreml' to use them, or drop compact")
-    for candidate in found:
-        try:
-            runtime = _build(candidate, checkpoint, options, build)
-        except LayaError as exc:
-            passed_over.append(f"{candidate.label} ({_first_line(exc)})")
-            continue
-        return _chosen(checkpoint, runtime, Choice(candidate.runtime, candidate.options, candidate.why, passed_over))
+    done = _first_that_loads(found, checkpoint, options, build, passed_over)
+    if done is not None:
+        return done
     raise RuntimeUnavailable("runtime='auto' found no runtime that can run this checkpoint here: "
                              + ("; ".join(passed_over) or "none is installed (pip install 'laya-runtime[torch]')"))
 

@@ -42,6 +42,23 @@ def ensure_upstream(venv: Path) -> Path:
     return python
 
 
+def run_on_golden_copies(python: Path, runner: str, cases: list[dict]) -> tuple[dict, dict]:
+    """Run `runner` (a script for upstream's venv: argv job.json out.json) on copies of both committed
+    golden checkpoints (upstream rewrites tokenizer_config.json in place), each asked `cases`; the
+    job it was given and what it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job: dict = {"checkpoints": {}}
+        for name in ("modernbert", "mmbert"):
+            copy = Path(tmp) / name
+            shutil.copytree(HERE / "checkpoints" / name, copy)
+            job["checkpoints"][name] = {"path": str(copy), "cases": cases}
+        job_file, out_file, script = Path(tmp) / "job.json", Path(tmp) / "out.json", Path(tmp) / "run.py"
+        job_file.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
+        script.write_text(runner, encoding="utf-8")
+        subprocess.run([str(python), str(script), str(job_file), str(out_file)], check=True)
+        return job, json.loads(out_file.read_text(encoding="utf-8"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream-venv", type=Path, default=HERE.parents[1] / ".venv-upstream")

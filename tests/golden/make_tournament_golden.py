@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from make_golden import ensure_upstream  # noqa: E402
+from make_golden import ensure_upstream, run_on_golden_copies  # noqa: E402
 
 LONG = "the description of this option, long enough that many of them no longer fit in one row"
 
@@ -73,17 +70,7 @@ def main() -> None:
     parser.add_argument("--upstream-venv", type=Path, default=HERE.parents[1] / ".venv-upstream")
     args = parser.parse_args()
     python = ensure_upstream(args.upstream_venv)
-    with tempfile.TemporaryDirectory() as tmp:
-        job: dict = {"checkpoints": {}}
-        for name in ("modernbert", "mmbert"):
-            copy = Path(tmp) / name  # upstream rewrites tokenizer_config.json in place
-            shutil.copytree(HERE / "checkpoints" / name, copy)
-            job["checkpoints"][name] = {"path": str(copy), "cases": tournament_cases()}
-        job_file, out_file, runner = Path(tmp) / "job.json", Path(tmp) / "out.json", Path(tmp) / "run.py"
-        job_file.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
-        runner.write_text(RUNNER, encoding="utf-8")
-        subprocess.run([str(python), str(runner), str(job_file), str(out_file)], check=True)
-        out = json.loads(out_file.read_text(encoding="utf-8"))
+    job, out = run_on_golden_copies(python, RUNNER, tournament_cases())
     records = [{"checkpoint": name, **case, "response": result["response"]}
                for name, spec in job["checkpoints"].items()
                for case, result in zip(spec["cases"], out["results"][name])]
