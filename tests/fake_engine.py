@@ -69,6 +69,9 @@ class ScriptedEngine:
             out.append(answers)
         return out
 
+    def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict:
+        return {"object": "systemone.plan", "model": self.name, "rows": request.rows, "refused": None}
+
     def warmup(self) -> None:
         pass
 

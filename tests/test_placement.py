@@ -14,6 +14,7 @@ from conftest import need
 
 from laya.native import placement
 from laya.native.placement import Placement, plan
+from laya.request import Request
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="thread affinity (os.sched_getaffinity) is Linux's")
 
@@ -114,7 +115,8 @@ def test_the_engine_process_keeps_its_forward_thread_on_one_core(checkpoint_dir)
     try:
         remote.serve_on(loop)
         for _ in range(2):
-            job = remote.prepare(["The server is down."], {"u": {"type": "noul", "instructions": "Is it urgent?"}})
+            job = remote.prepare(Request.of(["The server is down."],
+                                            {"u": {"type": "noul", "instructions": "Is it urgent?"}}))
             (answer,), _ = loop.run_until_complete(remote.submit(job))
             assert 0.0 <= answer.answers["u"].value <= 1.0
             assert os.sched_getaffinity(remote.pid) == expected  # its main thread, pinned by the warm-up

@@ -55,6 +55,7 @@ from test_server import (  # noqa: F401 - collected here: the same tests against
 
 from laya.calibration.file import Calibration
 from laya.limits import Limits
+from laya.request import Request
 from laya.server.app import ServerConfig
 from laya.server.ray_app import APP_NAME, ModelConfig, RayAppConfig, application, connect
 
@@ -144,7 +145,7 @@ def test_requests_that_meet_in_a_replica_share_batches_and_answer_bit_for_bit(se
     states = [f"{STATE} {i} " * (1 + i % 3) for i in range(12)]
     handle = serve.get_deployment_handle(Path(checkpoint_dir).name, app_name=APP_NAME)
     replies = [r.result(timeout_s=120) for r in
-               [handle.answer.remote([s], questions, Limits(), {}) for s in states]]
+               [handle.answer.remote(Request.of([s], questions), Limits()) for s in states]]
     assert all(reply[0] == "ok" for reply in replies), replies
     assert max(reply[2]["batch_jobs"] for reply in replies) > 1  # they did share forward passes
     for state, reply in zip(states, replies):
@@ -179,7 +180,7 @@ def batch_jobs(url: str) -> tuple[int, int]:
 
 def test_a_refusal_in_a_replica_keeps_its_type_and_fields(server, checkpoint_dir):
     handle = serve.get_deployment_handle(Path(checkpoint_dir).name, app_name=APP_NAME)
-    kind, exc = handle.answer.remote(["x"] * 3, {"u": URGENT}, Limits(max_rows=2), {}).result(timeout_s=60)
+    kind, exc = handle.answer.remote(Request.of(["x"] * 3, {"u": URGENT}), Limits(max_rows=2)).result(timeout_s=60)
     assert kind == "error" and type(exc).__name__ == "LimitExceeded" and exc.limit == 2 and exc.flag == "--max-rows"
 
 
