@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import shlex
 import statistics
 import sys
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from vs_upstream import CONDITIONED, SHAPES, describe_runtime, processor_kind  # noqa: E402
+from vs_upstream import CONDITIONED, SHAPES, describe_runtime, processor_kind, write_record  # noqa: E402
 
 
 def stock_server(path: Path, threads: int) -> Any:
@@ -144,9 +143,7 @@ def main() -> None:
         "files": {t: {"gate": f["gate"], "tensor_types": f["tensor_types"]} for t, f in files.items()},
         "runtimes": runtimes, "scenarios": results}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
 
 
 if __name__ == "__main__":

@@ -247,9 +247,14 @@ def main() -> None:
         "upstream": {"peak_mb": upstream_peak}, "runtimes": runtimes, "scenarios": results}
     print_report(record)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """A benchmark's JSON record, where benchmarks/performance_doc.py reads it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

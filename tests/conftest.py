@@ -148,3 +148,20 @@ def predict_without_torch(bundle, state: str, questions: dict) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def corrupt_one_weight(monkeypatch, module) -> None:
+    """`module.RowNet` (the packed or the cuda runtime's network) with one weight wrong in its reduced
+    precisions: the kind of drift the precision gate exists to catch."""
+    import torch
+
+    real = module.RowNet
+
+    def corrupted(checkpoint, plan):
+        net = real(checkpoint, plan)
+        if plan.matmul != "fp32":
+            with torch.no_grad():
+                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
+        return net
+
+    monkeypatch.setattr(module, "RowNet", corrupted)

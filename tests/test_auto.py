@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import load_quiet
+from conftest import corrupt_one_weight, load_quiet
 
 import laya
 from laya.cli import main
@@ -89,23 +89,9 @@ def test_the_compiled_program_answers_as_the_network_within_its_bound(monkeypatc
         assert np.array_equal(flat(together), alone)
 
 
-def corrupt_one_weight(monkeypatch) -> None:
-    """A reduced-precision network with one weight wrong: the kind of drift the gate exists to catch."""
-    real = packed.RowNet
-
-    def corrupted(checkpoint, plan):
-        net = real(checkpoint, plan)
-        if plan.matmul != "fp32":
-            with torch.no_grad():
-                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
-        return net
-
-    monkeypatch.setattr(packed, "RowNet", corrupted)
-
-
 def test_the_gate_refuses_a_drifting_bf16_model_and_auto_falls_back_saying_why(monkeypatch, checkpoint_dir):
     on_cpu(monkeypatch, with_bf16("corrupted"))
-    corrupt_one_weight(monkeypatch)
+    corrupt_one_weight(monkeypatch, packed)
     with pytest.raises(GateFailed, match=r"failed its accuracy gate.*max \|dp\|") as refused:
         load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=False)
     gate = refused.value.gate

@@ -16,7 +16,7 @@ import shutil
 import httpx
 import pytest
 import torch
-from conftest import load_quiet
+from conftest import corrupt_one_weight, load_quiet
 from live_server import LiveServer
 
 from laya.cli import main
@@ -203,16 +203,7 @@ def test_the_budget_stops_the_timing_early(machine, checkpoint_dir, monkeypatch)
 
 def test_a_candidate_whose_gate_fails_is_not_timed(machine, checkpoint_dir, monkeypatch):
     on_cpu(monkeypatch, Cpu("auto-measures test, bf16 corrupted", "x86_64", machine.flags))  # a gate of its own
-    network = packed.RowNet
-
-    def corrupted(checkpoint, plan):  # one wrong weight: the drift the gate exists to catch
-        net = network(checkpoint, plan)
-        if plan.matmul != "fp32":
-            with torch.no_grad():
-                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
-        return net
-
-    monkeypatch.setattr(packed, "RowNet", corrupted)
+    corrupt_one_weight(monkeypatch, packed)
     timed: list[list[str]] = []
     real = bench.time_rows
     monkeypatch.setattr(bench, "time_rows", lambda models, *a, **k: timed.append(list(models)) or real(models, *a, **k))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import load_quiet
+from conftest import corrupt_one_weight, load_quiet
 
 from laya.encoder import choice
 from laya.encoder.batch import Batch, collate
@@ -268,16 +268,7 @@ def test_reduced_precision_is_gated_like_packed(monkeypatch, checkpoint_dir):
     for state in STATES[:3]:
         assert np.max(np.abs(flat(model.predict(state, QUESTIONS)) - flat(reference.predict(state, QUESTIONS)))) \
             <= 0.05
-    real = cuda.RowNet
-
-    def corrupted(checkpoint, plan):
-        net = real(checkpoint, plan)
-        if plan.matmul != "fp32":
-            with torch.no_grad():
-                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
-        return net
-
-    monkeypatch.setattr(cuda, "RowNet", corrupted)
+    corrupt_one_weight(monkeypatch, cuda)
     monkeypatch.setattr(cuda, "REVISION", -1)  # not the record cached above
     with pytest.raises(GateFailed, match=r"cuda bf16 failed its accuracy gate.*max \|dp\|") as refused:
         load_quiet(checkpoint_dir, "cuda", device="cpu", precision="bf16")

@@ -17,7 +17,6 @@ pre-tokenizer, and, with no act head, answers whose `x_act_probability` is null 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from laya.digests import sha256_of
 from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.errors import CheckpointError
 
@@ -71,21 +71,13 @@ class Unpacked:
     notes: list[str] = field(default_factory=list)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def unpack(path: str | os.PathLike, cache: Path | None = None) -> Unpacked:
     """The file unpacked into `cache` (default `$LAYA_CACHE/gguf`), once: later calls read what is there."""
     path = Path(path)
     if decision_type(path) != "laya":
         raise CheckpointError(f"{path}: not a laya decision GGUF (no {DECISION_TYPE} = 'laya')")
     root = (cache or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "gguf")
-    folder = root / f"{_sha256(path)[:24]}-u{UNPACK_REVISION}"
+    folder = root / f"{sha256_of(path)[:24]}-u{UNPACK_REVISION}"
     done = folder / "unpacked.json"
     if not done.is_file():
         root.mkdir(parents=True, exist_ok=True)

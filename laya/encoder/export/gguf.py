@@ -23,7 +23,6 @@ and the gate's figures go into the manifest.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from laya.digests import sha256_of
 from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 
@@ -175,7 +175,7 @@ def export_bundle(checkpoint: Checkpoint, out: Path, gguf_type: str = "f32",
     manifest = base_manifest(checkpoint, "llama", gguf_type)
     manifest.update(encoder=ENCODER_FILE, head=HEAD_FILE, architecture=ARCH, gguf_revision=GGUF_REVISION,
                     tensor_types=counts, fingerprint=checkpoint.fingerprint,
-                    encoder_sha256=_sha256(out / ENCODER_FILE), head_sha256=_sha256(out / HEAD_FILE))
+                    encoder_sha256=sha256_of(out / ENCODER_FILE), head_sha256=sha256_of(out / HEAD_FILE))
     if gguf_type == "q8_0":
         first = max(1, checkpoint.encoder.num_hidden_layers // 2)
         manifest["q8_0_scheme"] = f"ffn_up and ffn_down of layers >= {first} in Q8_0; other matrices f16; norms f32"
@@ -211,14 +211,6 @@ def measure_gate(checkpoint: Checkpoint, folder: Path, manifest: dict[str, Any])
         reference.close()
     record["reference"] = "llama f32"
     return record
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
