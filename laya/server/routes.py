@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +65,7 @@ class Context:
     metrics: Metrics
     books: Books
     admission: Admission | None = None  # built right after, over this context's retry_after and rows_per_s
+    digests: dict[str, str] = field(default_factory=dict)  # served name -> its short model digest
 
     def retry_after(self) -> int:
         """Seconds until the work queued now has drained, at the measured rate (the slowest model)."""
@@ -85,9 +86,14 @@ class Context:
             raise usage_error(401, "authentication_error", "invalid API key")
 
     def digest_header(self, name: str) -> dict[str, str] | None:
-        """`X-Laya-Model-Digest`: the short digest of the artifacts that answered (`laya.digests`)."""
-        engine = self.served.engines.get(name)
-        digest = engine.info.digest if engine is not None else ""
+        """`X-Laya-Model-Digest`: the short digest of the artifacts that answered (`laya.digests`),
+        worked out once per served model, not on every answer."""
+        if name not in self.digests:
+            engine = self.served.engines.get(name)
+            if engine is None:
+                return None
+            self.digests[name] = engine.info.digest
+        digest = self.digests[name]
         return {MODEL_DIGEST_HEADER: digest} if digest else None
 
     def authorized(self, request: Call | HTTPRequest) -> bool:
