@@ -34,12 +34,31 @@ def _ms(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def _gate(gate: dict[str, Any] | None) -> str:
+def _gate(gate: dict[str, Any] | None, golden: dict[str, Any] | None = None) -> str:
     if not gate:
         return "exact (fp32: within 1e-4 of the reference, no gate)"
-    return (f"gate {'passed' if gate.get('passed') else 'FAILED (forced)'}: max |dp| {gate['max_dp']:.3g}, "
-            f"largest margin of a flipped answer {gate.get('flipped_margin', 0):.3g}, batch dependence "
+    text = (f"gate {'passed' if gate.get('passed') else 'FAILED (forced)'}: max |dp| {gate['max_dp']:.3g}"
+            + (f" on {gate['rows']} rows of every input kind (bound {gate['bounds']['max_dp']:g}, envelope "
+               f"{gate['envelope']['max_dp']:g})" if gate.get("envelope") else "")
+            + f", largest margin of a flipped answer {gate.get('flipped_margin', 0):.3g}, batch dependence "
             f"{gate['batch_dependence_max_dp']:.3g}")
+    if golden:
+        text += (f"; on the golden cases, which the gate never saw: max |dp| {golden['max_dp']:.3g} over "
+                 f"{golden['answers']} answers, largest margin of a flipped answer {golden['flipped_margin']:.3g}")
+    return text
+
+
+def _first_load(record: dict[str, Any]) -> list[str]:
+    """Time to the first answer and to the fast runtime for a checkpoint the machine has never seen."""
+    fresh, up = record.get("first_load"), record["upstream"]
+    if not fresh or "first_answer_s" not in up:
+        return []
+    upgrade = fresh.get("upgrade") or {}
+    fast = (f"; auto's pick ({upgrade.get('target', '?')}, {upgrade.get('state')}) answers from "
+            f"{fresh['fast_s']:.0f} s on" if fresh.get("fast_s") is not None else "")
+    return [f"First load of a new checkpoint (a fresh process, nothing cached): laya answers its first question "
+            f"after **{fresh['first_answer_s']:.1f} s** ({fresh.get('first_precision')}, exact){fast}; upstream "
+            f"after {up['first_answer_s']:.1f} s (loaded in {up['load_s']:.1f} s).", ""]
 
 
 def vs_upstream(record: dict[str, Any]) -> list[str]:
@@ -59,11 +78,12 @@ def vs_upstream(record: dict[str, Any]) -> list[str]:
     peaks = [record["upstream"].get("peak_mb")] + [record["runtimes"][n].get("peak_mb") for n in names]
     lines.append("| peak memory (own process) | | " + " | ".join(f"{_ms(p)} MB" for p in peaks) + " | |")
     lines.append("")
+    lines += _first_load(record)
     for n in names:
         info = record["runtimes"][n]
         text = f"- `{n}`: {info['runtime']} {info['precision']}"
         text += f" ({info['plan']}{', compiled' if info.get('compiled') else ', eager'})" if info.get("plan") else ""
-        text += f"; {_gate(info.get('gate'))}"
+        text += f"; {_gate(info.get('gate'), info.get('golden_cases'))}"
         if info.get("choice"):  # what it measured; the candidates it passed over are in the JSON record
             text += f"; {info['choice'].split('; passed over')[0]}"
         if info.get("kernels"):

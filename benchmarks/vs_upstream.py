@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -76,6 +77,8 @@ def load_runtimes(specs: list[str], folder: Path, threads: int, force: bool) -> 
     for spec in specs:
         name, _, precision = spec.partition(":")
         options: dict[str, Any] = {"precision": precision} if precision else {}
+        if name == "auto":  # its pick is stored by the first load; else it is made now, not in the background
+            options["background"] = False
         if force and precision and precision not in ("fp32", "f32"):
             options["force"] = True
         started = time.perf_counter()
@@ -150,6 +153,69 @@ def in_own_process(folder: Path, spec: str, threads: int, force: bool, plan: lis
     return found
 
 
+FIRST_LOAD = """
+import json, sys, time, warnings
+began = time.perf_counter()
+warnings.simplefilter("ignore")
+import laya
+folder, threads, state, questions = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+m = laya.load(folder, threads=threads)
+loaded = time.perf_counter()
+answer = m.predict(state, questions)
+first = time.perf_counter()
+print(json.dumps({"load_s": loaded - began, "first_answer_s": first - began,
+                  "first_precision": answer.get("x_precision")}), flush=True)
+if m.upgrade is not None:
+    m.upgrade.wait()
+    print(json.dumps({"fast_s": time.perf_counter() - began, "upgrade": m.upgrade.status(),
+                      "precision": m.runtime.precision}), flush=True)
+"""
+
+
+def first_load(folder: Path, threads: int, sc) -> dict[str, Any]:
+    """A new checkpoint on this machine, as a user meets it: a fresh process (the cache holds nothing of
+    this checkpoint) loads it with the default runtime (auto), answers one question (the time to the
+    first answer, the process's start included) and waits for auto's background upgrade (the time to
+    the fast runtime, whose pick later loads reuse)."""
+    env = {**os.environ, "LAYA_AUTO_MEASURE": "1", "LAYA_AUTO_BACKGROUND": "1"}
+    began = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", FIRST_LOAD, str(folder), str(threads), sc.state,
+                          json.dumps(sc.questions)], capture_output=True, text=True, timeout=3600, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"the first load failed: {out.stderr[-2000:]}")
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    found = {**lines[0], **(lines[1] if len(lines) > 1 else {}), "wall_s": time.perf_counter() - began}
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in found.items()}
+
+
+def golden_drift(folder: Path, model, threads: int) -> dict[str, Any]:
+    """The golden cases (inputs the precision gate never saw) on this checkpoint: `model`'s answers
+    against torch fp32's, the largest move of a probability and the largest fp32 margin of a flip."""
+    from cases import cases
+
+    import laya
+
+    reference = laya.load(folder, runtime="torch", threads=threads)
+    tok = model.checkpoint.tokenizer
+    worst, flipped, n = 0.0, 0.0, 0
+    for case in cases(tok.mask_token, tok.sep_token):
+        try:
+            ours, theirs = model.predict(case["state"], case["questions"]), reference.predict(case["state"],
+                                                                                           case["questions"])
+        except Exception:  # noqa: BLE001 - a case this checkpoint refuses (both refuse alike)
+            continue
+        for qid, answer in theirs["answers"].items():
+            p = answer.get("probabilities") or {"true": answer["noul"], "false": 1 - answer["noul"]}
+            q = ours["answers"][qid].get("probabilities") or {"true": ours["answers"][qid]["noul"],
+                                                             "false": 1 - ours["answers"][qid]["noul"]}
+            n += 1
+            worst = max(worst, max(abs(p[k] - q[k]) for k in p))
+            top, second = sorted(p.values(), reverse=True)[:2]
+            if max(p, key=p.__getitem__) != max(q, key=q.__getitem__):
+                flipped = max(flipped, top - second)
+    return {"answers": n, "max_dp": round(worst, 6), "flipped_margin": round(flipped, 6)}
+
+
 def _peak_mb(pid: int) -> float:
     """A live process's peak resident memory (VmHWM), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -196,6 +262,8 @@ def main() -> None:
     parser.add_argument("--weights", choices=["conditioned", "raw"], default="conditioned")
     parser.add_argument("--json", type=Path, help="write the record here (for benchmarks/performance_doc.py)")
     parser.add_argument("--no-memory", action="store_true", help="skip each runtime's own process (memory, kernels)")
+    parser.add_argument("--no-first-load", action="store_true",
+                        help="skip the first load of the new checkpoint with an empty cache (auto)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
@@ -213,16 +281,25 @@ def main() -> None:
         folder = write_test_checkpoint(Path(tmp) / "ckpt", TestCheckpointSpec(**SHAPES[args.shape], **extra))
         copy = Path(tmp) / "upstream-copy"  # upstream rewrites tokenizer_config.json in place
         shutil.copytree(folder, copy)
+        os.environ["LAYA_CACHE"] = str(Path(tmp) / "cache")  # a new checkpoint meets an empty cache
+        probe = plan_scenarios(load_runtimes(["torch"], folder, args.threads, False)["torch"])[0]
+        fresh = first_load(folder, args.threads, probe) if "auto" in specs and not args.no_first_load else None
+        if fresh:
+            print(f"first load of a new checkpoint: first answer after {fresh['first_answer_s']} s, the fast runtime "
+                  f"after {fresh.get('fast_s')} s ({fresh.get('upgrade', {}).get('state')})", flush=True)
+        spawned = time.perf_counter()
         worker = subprocess.Popen([str(python), str(HERE / "upstream_worker.py"), str(copy), str(args.threads)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert worker.stdin and worker.stdout
         ready = json.loads(worker.stdout.readline())
+        upstream_load_s = time.perf_counter() - spawned
 
         def upstream(state: str, questions: dict) -> float:
             worker.stdin.write(json.dumps({"state": state, "questions": questions}) + "\n")
             worker.stdin.flush()
             return json.loads(worker.stdout.readline())["ms"][0]
 
+        upstream_first_s = upstream_load_s + upstream(probe.state, probe.questions) / 1000
         models = load_runtimes(specs, folder, args.threads, args.force)
         first = next(iter(models.values()))
         plan = plan_scenarios(first)
@@ -232,6 +309,9 @@ def main() -> None:
         worker.wait(timeout=30)
         add_floors(results, first.checkpoint, plan, first)
         runtimes = {spec: describe_runtime(m) for spec, m in models.items()}
+        for spec, model in models.items():
+            if model.runtime.precision not in ("fp32", "f32"):
+                runtimes[spec]["golden_cases"] = golden_drift(folder, model, args.threads)
         if not args.no_memory:
             for spec in models:
                 runtimes[spec].update(in_own_process(folder, spec, args.threads, args.force, plan, kernels=True))
@@ -244,7 +324,9 @@ def main() -> None:
         "processor": {"model": machine.model, "kind": processor_kind(machine), "described": machine.describe()},
         "threads": args.threads, "shape": args.shape, "weights": args.weights,
         "versions": {"torch": torch.__version__, "upstream_torch": ready["torch"], "upstream_laya": "0.4.15"},
-        "upstream": {"peak_mb": upstream_peak}, "runtimes": runtimes, "scenarios": results}
+        "upstream": {"peak_mb": upstream_peak, "load_s": round(upstream_load_s, 2),
+                     "first_answer_s": round(upstream_first_s, 2)},
+        "first_load": fresh, "runtimes": runtimes, "scenarios": results}
     print_report(record)
     if args.json:
         write_record(args.json, record)

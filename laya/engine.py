@@ -14,7 +14,7 @@ remaining work when its caller goes away or its deadline passes. Which engine re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -144,6 +144,10 @@ class InProcessEngine:
 
     def status(self) -> dict[str, Any]:
         return READY
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` when what `describe` says changes by itself (an engine whose model never
+        changes under it never calls it)."""
 
     def close(self) -> None:
         """Nothing to stop: the model lives as long as this process."""

@@ -64,13 +64,15 @@ def auto_by_rule():
     """`runtime="auto"` follows its fixed rule in tests (LAYA_AUTO_MEASURE=0, inherited by the CLI and
     server subprocesses): the tests of the rule assert what it picks on simulated processors, which a
     timing on this shared machine would make a matter of chance. Measuring is tested explicitly
-    (tests/test_auto_measures.py, `measure=True`), and the parity suite's auto target measures
+    (tests/test_auto_measures.py, `measure=True`; in the background: tests/test_upgrade.py), and the parity
+    suite's auto target measures
     (tests/parity_targets.py), so what auto really picks here is held to its bound."""
     from laya.encoder.choice import BUDGET_ENV, MEASURE_ENV
+    from laya.encoder.upgrade import BACKGROUND_ENV
 
     # where auto does measure, a short budget: on a shared machine a contended torch forward can take
     # a second even on a tiny checkpoint, and what a parity test needs is auto's pick, not its precision
-    settings = {MEASURE_ENV: "0", BUDGET_ENV: "3"}
+    settings = {MEASURE_ENV: "0", BUDGET_ENV: "3", BACKGROUND_ENV: "0"}
     old = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     yield

@@ -22,6 +22,7 @@ from live_server import LiveServer
 from laya.cli import main
 from laya.encoder import bench, choice
 from laya.encoder.runtimes import base, packed
+from laya.encoder.upgrade import BACKGROUND_ENV
 from laya.errors import RuntimeUnavailable
 from laya.native import cpu as hardware
 from laya.native.cpu import Cpu
@@ -52,6 +53,7 @@ def machine(monkeypatch, cache):
     monkeypatch.setenv("LAYA_CACHE", str(cache))
     monkeypatch.setenv(choice.MEASURE_ENV, "1")
     monkeypatch.setenv(choice.BUDGET_ENV, "1")
+    monkeypatch.setenv(BACKGROUND_ENV, "0")  # the pick itself, made at the load (tests/test_upgrade.py: deferred)
     on_cpu(monkeypatch, BF16_CPU)
     monkeypatch.setattr(base, "available_runtimes", lambda: ["torch"])
     monkeypatch.setattr(choice, "ROW_LENGTHS", LENGTHS)

@@ -25,6 +25,7 @@ from laya.cli import (
     mcp,
     plan,
     predict,
+    prepare,
     serve,
     train,
 )
@@ -47,19 +48,22 @@ from laya.cli.info import cmd_info
 from laya.cli.mcp import cmd_mcp
 from laya.cli.plan import cmd_plan
 from laya.cli.predict import cmd_predict, predict_lines
+from laya.cli.prepare import cmd_prepare
 from laya.cli.serve import LOOPBACK_BINDS, calibration_args, cmd_serve, nonnegative_float, positive_float, serve_on_ray
 from laya.cli.train import cmd_train
 
 __all__ = [
     "DEMO_QUESTIONS", "DEMO_STATE", "LOOPBACK_BINDS", "N_CTX_HELP", "PROBE_HELP", "READOUT_HELP", "UsageError",
     "build_parser", "calibration_args", "cmd_bench", "cmd_calibrate", "cmd_decide", "cmd_demo", "cmd_distill",
-    "cmd_eval", "cmd_export", "cmd_info", "cmd_mcp", "cmd_plan", "cmd_predict", "cmd_serve", "cmd_train", "main",
+    "cmd_eval", "cmd_export", "cmd_info", "cmd_mcp", "cmd_plan", "cmd_predict", "cmd_prepare", "cmd_serve",
+    "cmd_train", "main",
     "nonnegative_float", "positive_float", "predict_lines", "read_api_key", "runtime_options", "serve_on_ray",
     "url_keys",
 ]
 
 # The subcommands in the order `laya --help` lists them.
-SUBCOMMANDS = (predict, plan, decide, info, evaluate, serve, export, train, distill, calibrate, bench, mcp, demo)
+SUBCOMMANDS = (predict, plan, decide, info, evaluate, serve, prepare, export, train, distill, calibrate, bench, mcp,
+               demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

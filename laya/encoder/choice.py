@@ -1,6 +1,10 @@
 """`runtime="auto"`: the fastest runtime installed here whose answers stay within the precision standard.
 
-At the first load of a checkpoint on a machine, auto times its faithful candidates (`laya.encoder.bench`'s
+At the first load of a checkpoint on a machine, auto answers at once from torch fp32 (exact) and
+prepares its pick in the background (`laya.encoder.upgrade`: a process of its own at the lowest CPU
+priority, then a swap between batches; `background=False` or LAYA_AUTO_BACKGROUND=0 make the load wait
+for the pick instead, and `laya prepare MODEL` makes it ahead of time). Making the pick, auto times its
+faithful candidates (`laya.encoder.bench`'s
 `pick_candidates`: torch fp32, the reference, and every other runtime and precision installed here
 whose accuracy gate passes, `laya.encoder.gate`) on the rows it will serve, a short one (128 tokens) and a
 long one (512, both capped by the checkpoint's row), interleaved, within a budget (`BUDGET_S`, 20 s,
@@ -50,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laya.encoder.upgrade import in_background
 from laya.errors import LayaError, RuntimeUnavailable
 from laya.native.cpu import Cpu, cpu
 
@@ -93,6 +98,18 @@ class Choice:
     reason: str
     passed_over: list[str] = field(default_factory=list)
     measured: dict[str, Any] | None = None  # the timing behind a measured pick (medians per candidate)
+    # the exact runtime answers for now, and the pick is prepared in the background (`laya.encoder.upgrade`)
+    deferred: bool = False
+
+    @property
+    def label(self) -> str:
+        return Candidate(self.runtime, self.options, "").label
+
+    @property
+    def key(self) -> str:
+        """The runtime and every option it was built with (two builds of one label may differ: eager or
+        compiled)."""
+        return f"{self.runtime} {json.dumps(self.options, sort_keys=True)}"
 
     def describe(self) -> str:
         text = f"auto chose {Candidate(self.runtime, self.options, '').label}: {self.reason}"
@@ -436,7 +453,11 @@ def _timing(checkpoint: Checkpoint, models: dict[str, Any], not_timed: dict[str,
               f"; over the {budget_total:g} s budget with 1 repeat" if timed.over_budget else "")
     if timed.over_budget:
         log.info("auto: %s", budget.lstrip("; "))
+    if timed.redone or timed.busy_kept:
+        budget += (f"; {timed.redone} round{'s' if timed.redone != 1 else ''} timed again (the machine was busy)"
+                   + (f", {timed.busy_kept} kept while busy (the stretched budget ran out)" if timed.busy_kept else ""))
     measured.update({"tokens": timed.tokens, "medians_ms": medians, "vs_reference": ratios,
+                     "redone": timed.redone, "busy_kept": timed.busy_kept,
                      "repeats": timed.repeats, "planned_repeats": timed.planned, "over_budget": timed.over_budget,
                      "budget_s": budget_total, "elapsed_s": round(timed.elapsed_s, 3),
                      "summary": f"{verdict}; medians {figures} on {shapes}-token rows, {timed.repeats} "
@@ -448,11 +469,8 @@ def _timing(checkpoint: Checkpoint, models: dict[str, Any], not_timed: dict[str,
 def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
                      build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], machine: Cpu,
                      passed_over: list[str], exact: bool = False) -> tuple[Runtime, Choice] | None:
-    """The stored pick, else the fastest faithful candidate timed now (and stored); None leaves the
-    choice to the fixed rule (no torch to measure against), with the reason in `passed_over`."""
-    done = _reuse_stored(checkpoint, options, build, machine, exact, passed_over)
-    if done is not None:
-        return done
+    """The fastest faithful candidate timed now (and stored); None leaves the choice to the fixed rule (no
+    torch to measure against), with the reason in `passed_over`."""
     if not _installed("torch"):
         passed_over.append(f"timing the candidates ({REFERENCE}, the reference they are timed against, is not "
                            "installed)")
@@ -486,9 +504,10 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
     """The stored or measured pick (see the module's docstring), else the first candidate of the fixed
     rule that loads (gates included), and the choice with its reason."""
     options = dict(options)
-    measure = options.pop("measure", None)
-    if measure is not None and not isinstance(measure, bool):
-        raise RuntimeUnavailable(f"measure takes True or False, not {measure!r}")
+    measure, background = options.pop("measure", None), options.pop("background", None)
+    for name, value in (("measure", measure), ("background", background)):
+        if value is not None and not isinstance(value, bool):
+            raise RuntimeUnavailable(f"{name} takes True or False, not {value!r}")
     precision = options.pop("precision", None)
     if precision not in (None, "fp32"):
         raise RuntimeUnavailable(f"runtime='auto' chooses the precision itself within the precision standard; "
@@ -501,7 +520,8 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
                                      "(e.g. runtime='packed', precision='bf16')")
     unknown = sorted(set(options) - {"threads", "cache_dir", "compact"})
     if unknown:
-        raise RuntimeUnavailable(f"runtime='auto' takes threads, cache_dir, compact, measure and precision='fp32'; "
+        raise RuntimeUnavailable(f"runtime='auto' takes threads, cache_dir, compact, measure, background and "
+                                 "precision='fp32'; "
                                  f"not {', '.join(unknown)}")
     passed_over: list[str] = []
     machine = cpu()
@@ -510,7 +530,11 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
         if done is not None:
             return done
     if measuring(measure) and not options.get("compact"):  # compact prompts: the Neural Engine, by rule
-        done = _measured_choice(checkpoint, options, build, machine, passed_over, exact)
+        done = _reuse_stored(checkpoint, options, build, machine, exact, passed_over)
+        if done is None and in_background(background):
+            done = _exact_for_now(checkpoint, options, build, passed_over)
+        if done is None:
+            done = _measured_choice(checkpoint, options, build, machine, passed_over, exact)
         if done is not None:
             return done
     found = candidates(checkpoint, machine, exact)
@@ -525,6 +549,40 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
         return done
     raise RuntimeUnavailable("runtime='auto' found no runtime that can run this checkpoint here: "
                              + ("; ".join(passed_over) or "none is installed (pip install 'laya-runtime[torch]')"))
+
+
+def _exact_for_now(checkpoint: Checkpoint, options: dict[str, Any],
+                   build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], passed_over: list[str]
+                   ) -> tuple[Runtime, Choice] | None:
+    """An exact runtime that loads in seconds, to answer while the pick is prepared in the background
+    (`laya.encoder.upgrade`): the packed network in fp32, eager (no compiling; the parity suite holds it
+    to 1e-4 of the reference, and it keeps half the reference's memory, the embeddings as stored), else
+    torch fp32; None where torch is missing (the measured pick needs it anyway)."""
+    if not _installed("torch"):
+        return None
+    for now in (Candidate("packed", {"precision": "fp32", "compiled": False}, ""),
+                Candidate("torch", {"precision": "fp32"}, "")):
+        try:
+            runtime = _build(now, checkpoint, options, build)
+        except LayaError as exc:
+            passed_over.append(f"{now.label} to answer while the pick is prepared ({_first_line(exc)})")
+            continue
+        reason = (f"the first load of this checkpoint on this machine: {now.label} (exact, "
+                  f"{'eager' if now.runtime == 'packed' else 'the reference'}) answers at once while the fastest "
+                  "faithful runtime is compiled, gated and timed in the background and swapped in when ready")
+        return _chosen(checkpoint, runtime, Choice(now.runtime, now.options, reason, passed_over, deferred=True))
+    return None
+
+
+def load_stored_pick(checkpoint: Checkpoint, options: dict[str, Any],
+                     build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> tuple[Runtime, Choice] | None:
+    """The pick stored for this checkpoint (by `laya prepare`, the background upgrade or `laya bench
+    --pick`), loaded with the load's own options, or None."""
+    options = dict(options)
+    exact = options.pop("precision", None) == "fp32"
+    for name in ("measure", "background"):
+        options.pop(name, None)
+    return _reuse_stored(checkpoint, options, build, cpu(), exact, [])
 
 
 def cuda_candidates(exact: bool = False) -> list[Candidate]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,7 +92,19 @@ class EncoderEngine(InProcessEngine):
                 **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",
                                                   "batch_dependence_max_dp", "passed", "plan") if k in gate}}
                    if gate else {}),
+                **({"upgrade": self.model.upgrade.status()} if self.model.upgrade else {}),
                 **(self.model.runtime.details() if hasattr(self.model.runtime, "details") else {})}
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """`listener()` once auto's background upgrade has swapped in its pick (or given up): what
+        `describe` says has changed."""
+        if self.model.upgrade is not None:
+            self.model.upgrade.on_change(listener)
+
+    def close(self) -> None:
+        """Stop auto's background upgrade, if it still prepares."""
+        if self.model.upgrade is not None:
+            self.model.upgrade.close()
 
 
 def device_of(runtime: Any) -> str:

@@ -4,25 +4,28 @@ A reduced precision (bf16, fp16 and int8 on the packed runtime, ONNX int8, llama
 answers only when, on the checkpoint at hand, it stays within upstream laya's own envelope for its fast
 path: upstream's README holds that path to max |dp| <= 0.05 against fp32 (0.046 measured) with argmax
 agreement of at least 47 of 48 per question type, and reports its stock bf16 autocast moving a
-probability by up to 0.073 and flipping 3 of 864 top answers. So, on the gate's fixed rows:
+probability by up to 0.073 and flipping 3 of 864 top answers. That envelope is what a reduced
+precision promises on every input (`PROMISED`):
 
 - no answer probability moves more than 0.05 from fp32's (fp16, which keeps 11 bits, keeps 0.02);
 - no top answer changes where fp32's top two are 0.10 or more apart (a flip inside a closer race is
-  the rounding of a near tie, as in upstream's own figures). Under the first bound this one always
-  holds (each of two probabilities moving at most 0.05 closes a gap of at most 0.10): it is stated,
-  and measured, so that the record says how close a flip came;
+  the rounding of a near tie, as in upstream's own figures);
 - a row's answer moves at most 0.01 between running alone and inside a full batch (the packed
   runtime runs each row alone at its exact length: 0 there).
 
-The gate runs fixed, varied decision rows through the fp32 reference and the candidate, the way the
-runtime runs them. The record goes into the bundle (ONNX int8, llama.cpp) or the cache (packed); a
-failed gate is refused unless the caller forces it. fp32 runtimes are not gated: they equal the
-reference to 1e-4 (the parity suite).
+The gate cannot run every input, so it keeps headroom: on its own rows it applies `HEADROOM` (0.6) of
+the envelope's moves (`BOUNDS`: 0.03 and a flip margin of 0.06 for bf16 and int8), and its rows are
+every kind of input callers send (`laya.encoder.gate_cases`: text, JSON-object and conversation
+states, non-Latin scripts, states cut at the row's end, 2 options up to as many as the row holds,
+with and without descriptions, special tokens typed in text, scores, yes/no, several questions per
+state), at lengths up to the row. The record keeps both figures (the bound applied and the envelope
+promised) and the largest move per kind. It goes into the bundle (ONNX int8, llama.cpp) or the cache
+(packed); a failed gate is refused unless the caller forces it. fp32 runtimes are not gated: they
+equal the reference to 1e-4 (the parity suite).
 """
 
 from __future__ import annotations
 
-import random
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 
 Forward = Callable[["Batch"], tuple[np.ndarray, np.ndarray]]
 # Bumped whenever the standard changes, so that gate records measured under another are measured again.
-STANDARD = 2
+STANDARD = 3
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,23 @@ class Bounds:
     flip_margin: float  # no top answer may change where fp32's top-two margin is at least this
     batch_dependence_max_dp: float  # largest change between a row alone and inside a full batch
 
+    def within(self, share: float) -> Bounds:
+        """These bounds with headroom: the moves scaled by `share`, batch dependence kept (it is 0 for a
+        runtime that runs each row alone, and a property of the batch, not of the input)."""
+        return Bounds(round(self.max_dp * share, 6), round(self.flip_margin * share, 6),
+                      self.batch_dependence_max_dp)
+
 
 ENVELOPE = Bounds(0.05, 0.10, 0.01)  # upstream's envelope for its fast path (see above)
 FP16 = Bounds(0.02, 0.10, 0.01)
 # llama.cpp's types: f16 (fp16 weights) as fp16, q8_0 (int8 blocks) as int8
-BOUNDS = {"bf16": ENVELOPE, "int8": ENVELOPE, "q8_0": ENVELOPE, "fp16": FP16, "f16": FP16}
+PROMISED = {"bf16": ENVELOPE, "int8": ENVELOPE, "q8_0": ENVELOPE, "fp16": FP16, "f16": FP16}
+# The gate applies a tighter bound than the envelope it promises: its rows are many kinds of input, but
+# not every input, and an input it never saw may move further (measured: up to 1.8x the gate's figure on
+# hidden cases when its rows were of one kind). 0.6 of the envelope leaves that room.
+HEADROOM = 0.6
+BOUNDS = {precision: bounds.within(HEADROOM) for precision, bounds in PROMISED.items()}
+TOGETHER = 8  # rows of one padded length run together when the gate measures batch dependence
 
 
 class GateFailed(RuntimeUnavailable):
@@ -77,73 +92,96 @@ def describe(gate: dict[str, Any]) -> str:
             f"on {gate['rows']} rows")
 
 
-def gate_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row]]:
-    """Fixed, varied decision rows: every type, 2 to 12 options, short to long states."""
+def gate_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row, str]]:
+    """The rows of the gate's requests (`laya.encoder.gate_cases`: every input kind, lengths up to the
+    row), each with the question it answers and its kind, built exactly as a request's rows are."""
+    from laya.encoder.gate_cases import cases
     from laya.encoder.rows import build_rows
+    from laya.errors import QuestionError
     from laya.questions import parse_questions
 
-    rng = random.Random(1234)
-    words = ["refund", "invoice", "order", "late", "angry", "happy", "billing", "shipping", "login", "password",
-             "cancel", "upgrade", "thanks", "broken", "urgent", "price"]
-    rows = []
-    for i in range(8):
-        state = " ".join(rng.choice(words) for _ in range(rng.randint(3, 150)))
-        labels = rng.sample(words, 2 + i % 11)
-        questions = parse_questions({
-            "c": {"type": "choice", "instructions": " ".join(rng.sample(words, 5)),
-                  "criteria": {w: " ".join(rng.sample(words, 3)) for w in labels}},
-            "s": {"type": "score", "instructions": "how much", "criteria": rng.sample(words, 2 + i % 9)},
-            "n": {"type": "noul", "instructions": " ".join(rng.sample(words, 4))},
-        })
-        rows += list(zip(questions, build_rows(checkpoint.tokenizer, state, questions, checkpoint.config.max_len,
-                                               checkpoint.config.head_max_len)))
-    return rows
+    tok, cfg = checkpoint.tokenizer, checkpoint.config
+
+    def rows_of(state: Any, questions: dict[str, Any]) -> list[tuple[Question, Row]]:
+        parsed = parse_questions(questions)
+        return list(zip(parsed, build_rows(tok, state, parsed, cfg.max_len, cfg.head_max_len)))
+
+    def fits(state: Any, questions: dict[str, Any]) -> bool:
+        try:
+            rows_of(state, questions)
+        except QuestionError:
+            return False
+        return True
+
+    return [(q, row, case.kind) for case in cases(tok, cfg.max_len, fits) if fits(case.state, case.questions)
+            for q, row in rows_of(case.state, case.questions)]
 
 
 def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, precision: str,
             extra: dict[str, Forward] | None = None) -> dict[str, Any]:
-    """The candidate against the fp32 reference on the fixed rows, with `precision`'s bounds.
+    """The candidate against the fp32 reference on the gate's rows, with `precision`'s bounds.
 
-    `extra` names other ways to run the candidate whose drift from the row alone is recorded for
-    information (e.g. a padded int8 batch the runtime does not use)."""
+    Each row runs alone through the candidate (what the record judges), and the rows also run
+    together, in batches of rows of one padded length as a model batches them (what batch dependence
+    compares). `extra` names other ways to run the candidate whose drift from the row alone is recorded
+    for information (e.g. a padded int8 batch the runtime does not use)."""
     from laya.calibration.temperatures import Temperatures
     from laya.decoding.decode import probabilities
-    from laya.encoder.batch import collate
+    from laya.encoder.batch import collate, padded_length
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the checkpoint's own clamp was reported when it was loaded
         temps = Temperatures.from_raw(checkpoint.config.temperature, checkpoint.config.temperature_by_options,
                                       source="gate")
-    pairs = gate_rows(checkpoint)
+    triples = gate_rows(checkpoint)
     pad = checkpoint.tokenizer.pad_id
+    batches: dict[int, list[int]] = {}
+    for i, (_, row, _) in enumerate(triples):
+        batches.setdefault(padded_length(len(row.ids)), []).append(i)
+    together_groups = [members[k : k + TOGETHER] for members in batches.values()
+                       for k in range(0, len(members), TOGETHER)]
 
-    def answers(forward: Forward, indices: list[int]) -> list[np.ndarray]:
-        logits, _ = forward(collate([pairs[i][1] for i in indices], pad))
-        return [probabilities(logits[j, : len(pairs[i][1].markers)],
-                              temps.for_question(pairs[i][0].qtype, pairs[i][0].n_options))
-                for j, i in enumerate(indices)]
+    def answers(forward: Forward, groups: list[list[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.empty(0)] * len(triples)
+        for indices in groups:
+            logits, _ = forward(collate([triples[i][1] for i in indices], pad))
+            for j, i in enumerate(indices):
+                question, row = triples[i][0], triples[i][1]
+                out[i] = probabilities(logits[j, : len(row.markers)],
+                                       temps.for_question(question.qtype, question.n_options))
+        return out
 
-    every = list(range(len(pairs)))
-    alone = [answers(candidate, [i])[0] for i in every]
-    record = judge(answers(reference, every), alone, answers(candidate, every), precision)
+    alone_groups = [[i] for i in range(len(triples))]
+    alone = answers(candidate, alone_groups)
+    record = judge(answers(reference, together_groups), alone, answers(candidate, together_groups), precision,
+                   kinds=[kind for _, _, kind in triples])
     for name, forward in (extra or {}).items():
-        record[f"{name}_max_dp"] = round(_worst(answers(forward, every), alone), 6)
+        record[f"{name}_max_dp"] = round(_worst(answers(forward, together_groups), alone), 6)
     return record
 
 
 def judge(reference: list[np.ndarray], alone: list[np.ndarray], together: list[np.ndarray],
-          precision: str) -> dict[str, Any]:
-    """The gate's record of a candidate's answers (each row alone, and all together) against fp32's."""
+          precision: str, kinds: list[str] | None = None) -> dict[str, Any]:
+    """The gate's record of a candidate's answers (each row alone, and all together) against fp32's:
+    judged by the gate's bounds (`BOUNDS`, inside the envelope), with the envelope it keeps for inputs it
+    never saw, and the largest move per input kind where the rows' kinds are given."""
     bounds = BOUNDS[precision]
     max_dp, batch_dp = _worst(reference, alone), _worst(together, alone)
     agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(reference, alone)) / len(reference)
     flipped = max((_margin(a) for a, b in zip(reference, alone) if np.argmax(a) != np.argmax(b)), default=0.0)
-    return {
+    record = {
         "standard": STANDARD, "precision": precision, "rows": len(reference), "max_dp": round(max_dp, 6),
         "flipped_margin": round(flipped, 6), "argmax_agreement": round(agree, 4),
         "batch_dependence_max_dp": round(batch_dp, 6), "bounds": asdict(bounds),
+        "envelope": asdict(PROMISED[precision]),
         "passed": bool(max_dp <= bounds.max_dp and flipped < bounds.flip_margin
                        and batch_dp <= bounds.batch_dependence_max_dp)}
+    if kinds is not None:
+        by_kind: dict[str, float] = {}
+        for kind, a, b in zip(kinds, reference, alone):
+            by_kind[kind] = max(by_kind.get(kind, 0.0), float(np.max(np.abs(a - b))))
+        record["max_dp_by_kind"] = {k: round(v, 6) for k, v in sorted(by_kind.items())}
+    return record
 
 
 def _worst(a: list[np.ndarray], b: list[np.ndarray]) -> float:

@@ -78,7 +78,22 @@ def load(
         runtime_impl, choice = choose(checkpoint, runtime_options, build_runtime)
     else:
         runtime_impl = build_runtime(runtime, checkpoint, runtime_options)
-    return Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted, choice=choice)
+    loaded = Model(checkpoint, runtime_impl, name=name or default_name, calibration=fitted, choice=choice)
+    if choice is not None and choice.deferred:
+        _upgrade_in_background(loaded, runtime_options)
+    return loaded
+
+
+def _upgrade_in_background(model: Model, options: dict[str, Any]) -> None:
+    """Start preparing auto's pick beside the exact runtime that answers meanwhile (`laya.encoder.upgrade`)."""
+    from laya.encoder.choice import load_stored_pick
+    from laya.encoder.loading import build_runtime
+    from laya.encoder.upgrade import Upgrade
+
+    checkpoint = model.checkpoint
+    model.upgrade = Upgrade(checkpoint, options, lambda: load_stored_pick(checkpoint, options, build_runtime),
+                            answering=model.choice.key if model.choice else "")
+    model.upgrade.start(model.swap)
 
 
 def _laya_gguf(path: str | os.PathLike, runtime: str | None, name: str | None, options: dict[str, Any]

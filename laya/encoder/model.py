@@ -24,6 +24,7 @@ from laya.encoder.choice import Choice
 from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
+from laya.encoder.upgrade import Upgrade
 from laya.encoder.windows import Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
@@ -129,6 +130,7 @@ class Model:
         self.checkpoint = checkpoint
         self.runtime = runtime
         self.choice = choice  # how runtime="auto" chose the runtime, when it did
+        self.upgrade: Upgrade | None = None  # auto's pick being prepared in the background, when it is
         self.name = name or checkpoint.path.name
         cfg = checkpoint.config
         self.temperatures = temperatures or Temperatures.from_raw(
@@ -212,14 +214,21 @@ class Model:
             out += [tokenize_state(self.tokenizer, text) for text in texts]
         return out, plans
 
-    def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None
+    def swap(self, runtime: Runtime, choice: Choice | None) -> None:
+        """Answer with `runtime` from the next batch on (auto's background upgrade): a batch under way
+        finishes on the runtime it started with, since `answer` reads the runtime once per batch."""
+        self.runtime, self.choice = runtime, choice
+
+    def run(self, rows: list[Row], alive: Callable[[int], bool] | None = None, runtime: Runtime | None = None
             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Logits (cut to each row's options) and act logits of `rows`.
 
         Rows are batched by their canonical padded length (`padded_length`), at most
         `max_batch_rows` at a time, so each row is computed the same way whatever shares its batch.
-        `alive(i)` is asked before each forward pass: rows whose caller went away are skipped.
+        `alive(i)` is asked before each forward pass: rows whose caller went away are skipped. `runtime`
+        (default: the model's now) runs every forward pass of the call.
         """
+        runtime = runtime or self.runtime
         groups: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             groups.setdefault(padded_length(len(row.ids)), []).append(i)
@@ -233,7 +242,7 @@ class Model:
                     if not chunk:
                         continue
                 batch = collate([rows[i] for i in chunk], self.tokenizer.pad_id, length=length)
-                out_logits, out_act = self.runtime.forward(batch)
+                out_logits, out_act = runtime.forward(batch)
                 for j, i in enumerate(chunk):
                     logits[i] = out_logits[j, : len(rows[i].markers)]
                     acts[i] = out_act[j]
@@ -251,9 +260,11 @@ class Model:
         return decode.probabilities(z, self.temperatures.for_question(q.qtype, q.n_options))
 
     def respond(self, questions: list[Question], rows: list[Row], logits, acts,
-                tournaments: Mapping[str, Played] | None = None) -> SystemOneResponse:
+                tournaments: Mapping[str, Played] | None = None, precision: str | None = None
+                ) -> SystemOneResponse:
         """The System One response of one state. `rows`/`logits`/`acts` are the one-row questions', in
-        order; `tournaments` holds each tournament question's game, final row and every row it took."""
+        order; `tournaments` holds each tournament question's game, final row and every row it took;
+        `precision` is that of the runtime that computed them (default: the model's now)."""
         answers = {}
         one_row = iter(zip(logits, acts))
         tournaments = tournaments or {}
@@ -279,7 +290,7 @@ class Model:
             answers[q.qid] = answer
         input_tokens, usage = row_usage(questions, rows_of)
         return SystemOneResponse(model=self.name, answers=answers, input_tokens=input_tokens, x_usage=usage,
-                                 precision=self.runtime.precision)
+                                 precision=precision or self.runtime.precision)
 
     def _act(self, act_logits: np.ndarray) -> dict[str, Any]:
         """The act head's abstain probability, or null with the reason where the model has no act head."""
@@ -304,13 +315,15 @@ class Model:
 
     def answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         """Responses of several prepared requests, their rows sharing forward passes (the rounds of
-        every tournament of every request too)."""
-        played = self._play(jobs)
-        out = self._per_state(jobs, lambda job, rows, z, a, key: self.respond(job.questions, rows, z, a,
-                                                                                played.get(key)))
+        every tournament of every request too). One runtime answers all of them: the one in place when
+        the call began (a swap meanwhile takes effect at the next call)."""
+        runtime = self.runtime
+        played = self._play(jobs, runtime)
+        out = self._per_state(jobs, lambda job, rows, z, a, key: self.respond(
+            job.questions, rows, z, a, played.get(key), runtime.precision), runtime)
         return [_read_whole(job, responses) for job, responses in zip(jobs, out)]
 
-    def _play(self, jobs: list[Prepared]) -> dict[tuple[int, int], dict[str, Played]]:
+    def _play(self, jobs: list[Prepared], runtime: Runtime) -> dict[tuple[int, int], dict[str, Played]]:
         """Every tournament of every (request, state), by qid. All rounds of all tournaments share
         forward passes, round by round; a request cancelled meanwhile plays no further round."""
         games = [(j, s, Tournament(q, job.tournaments[q.qid]))
@@ -337,12 +350,12 @@ class Model:
         pending = alive([g for g in games if not g[2].done])
         while pending:
             asked = [(g, q) for g in pending for q in g[2].next_round()]
-            logits, _ = self.run([row_of(q, g) for g, q in asked])
+            logits, _ = self.run([row_of(q, g) for g, q in asked], runtime=runtime)
             for g in pending:
                 g[2].record([self.tempered(q, z) for (h, q), z in zip(asked, logits) if h is g])
             pending = alive([g for g in pending if not g[2].done])
         live = alive(games)
-        logits, acts = self.run([row_of(g[2].finalists(), g) for g in live])
+        logits, acts = self.run([row_of(g[2].finalists(), g) for g in live], runtime=runtime)
         out: dict[tuple[int, int], dict[str, Played]] = {}
         for (j, s, t), z, a in zip(live, logits, acts):
             out.setdefault((j, s), {})[t.question.qid] = Played(t, z, a, taken[id(t)])
@@ -359,7 +372,8 @@ class Model:
         return self._per_state(jobs, lambda job, rows, z, a, key: [
             Evidence.single(q.qtype, zi, decode.act_probability(ai)) for q, zi, ai in zip(job.questions, z, a)])
 
-    def _per_state(self, jobs: list[Prepared], make: Callable[..., Any]) -> list[list]:
+    def _per_state(self, jobs: list[Prepared], make: Callable[..., Any], runtime: Runtime | None = None
+                   ) -> list[list]:
         """Run every row of `jobs` together, then `make(job, rows, logits, acts, (job, state) index)`
         once per state.
 
@@ -367,7 +381,7 @@ class Model:
         answers (an empty list)."""
         flat = [row for job in jobs for rows in job.rows for row in rows]
         owner = [j for j, job in enumerate(jobs) for rows in job.rows for _ in rows]
-        logits, acts = self.run(flat, alive=lambda i: not jobs[owner[i]].cancelled.is_set())
+        logits, acts = self.run(flat, alive=lambda i: not jobs[owner[i]].cancelled.is_set(), runtime=runtime)
         out, at = [], 0
         for j, job in enumerate(jobs):
             per_state = []
@@ -445,6 +459,7 @@ class Model:
             "precision": self.runtime.precision,
             "runtime_choice": self.choice.to_dict() if self.choice else None,
             "gate": getattr(self.runtime, "gate", None),
+            **({"upgrade": self.upgrade.status()} if self.upgrade else {}),
             "encoder": {
                 "id": ck.config.encoder,
                 "layers": enc.num_hidden_layers,

@@ -128,6 +128,7 @@ class _Link:
         self.last_heard = time.monotonic()  # the process's last reply
         self.hung = ""  # why the watchdog killed it, if it did
         self.on_speed: Any = None  # called with the seconds a row took, as replies come
+        self.on_describe: Any = None  # called with what the engine says it is now, when that changes
         self._ids = itertools.count(1)
         self._on_exit = on_exit
         self.known: OrderedDict[tuple, int] = OrderedDict()  # (questions, limits) it holds -> slot
@@ -200,6 +201,10 @@ class _Link:
     def _message(self, message: Any) -> None:
         """A reply, on the pipe's loop."""
         kind, rid, payload = message
+        if kind == "describe":  # the engine changed by itself (auto's upgrade swapped its runtime)
+            if self.on_describe is not None:
+                self.on_describe(payload)
+            return
         now = time.monotonic()
         with self.lock:
             future = self.waiting.pop(rid, None)
@@ -396,7 +401,11 @@ class RemoteEngine:
             loop = self._loop
         link = _Link(process, conn, next(self._generation), self._on_exit, board, loop)
         link.on_speed = self._row_s.append
+        link.on_describe = self._described
         return link, payload
+
+    def _described(self, describe: dict[str, Any]) -> None:
+        self._describe = describe
 
     def _set_state(self, state: str, reason: str) -> None:
         self.state, self.reason, self.since = state, reason, _now_iso()
@@ -621,7 +630,9 @@ def _serve_engine(conn, load, batching: Batching, board) -> None:
         conn.send(("ready", 0, (engine.info, engine.describe())))
     except OSError:  # the server went away while this process loaded
         return
-    _Served(engine, conn, board).serve(batching)
+    served = _Served(engine, conn, board)
+    engine.on_change(lambda: served.reply("describe", 0, engine.describe()))
+    served.serve(batching)
 
 
 @dataclass

@@ -391,7 +391,7 @@ async def systemone_plan(request: Call) -> Reply:
 
 MODEL_DIGEST_HEADER = "X-Laya-Model-Digest"
 # what /v1/models says of each model, beside its name: what exactly answers and where
-PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate")
+PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate", "upgrade")
 
 
 async def models(request: HTTPRequest):
