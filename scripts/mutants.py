@@ -322,7 +322,7 @@ MUTANTS = [
            'return {"detail": items, "x_error_count": len(detail)}', ("tests/test_strict.py",),
            "a strict 422 still carries x_error_count"),
     Mutant("models-no-provenance", "laya/server/routes.py",
-           'PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate")',
+           'PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate", "upgrade")',
            'PROVENANCE = ("runtime", "precision")', ("tests/test_provenance.py",),
            "/v1/models stops saying which artifacts answer"),
     Mutant("digest-header-off", "laya/server/routes.py",
@@ -345,12 +345,28 @@ MUTANTS = [
            "while rows < self.max_rows:",
            ("tests/test_admission.py::test_a_batch_holds_a_token_budget_as_well_as_rows",),
            "--max-batch-tokens bounds nothing"),
+    Mutant("swap-splits-a-batch", "laya/encoder/model.py", "                out_logits, out_act = runtime.forward(batch)",
+           "                out_logits, out_act = self.runtime.forward(batch)", ("tests/test_upgrade.py::test_a_swap_waits_for_the_batch_in_flight",),
+           "a runtime swapped in mid-request answers the rest of that request's rows"),
+    Mutant("gate-no-headroom", "laya/encoder/gate.py", "HEADROOM = 0.6\n", "HEADROOM = 1.0\n",
+           ("tests/test_gate_cases.py::test_the_gate_keeps_headroom_inside_the_envelope",),
+           "the gate applies the whole envelope to its own rows, leaving no room for inputs it never saw"),
+    Mutant("gate-text-only", "laya/encoder/gate_cases.py", "    out += _many_options(rng, row_words, fits)\n", "",
+           ("tests/test_gate_cases.py::test_every_input_kind_is_among_the_gate_rows",),
+           "the gate never reads a question with many options"),
+    Mutant("upgrade-never-swaps", "laya/encoder/upgrade.py", "        swap(runtime, choice)\n", "",
+           ("tests/test_upgrade.py::test_the_first_load_answers_at_once_and_swaps_in_the_pick",),
+           "the background upgrade reports a swap that never happens"),
+    Mutant("busy-rounds-trusted", "laya/encoder/bench.py",
+           "        if max(before, after) > BUSY_RATIO * quickest:", "        if False:",
+           ("tests/test_auto_measures.py::test_a_round_on_a_busy_machine_is_timed_again",),
+           "auto trusts a timing taken while the machine was busy"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.
 CI = ("rows-no-cut", "admission-alone-shed", "body-gzip-uncapped", "temps-bucket-3-5", "schema-union-unchecked",
       "values-noul-strict", "plans-unbounded", "surrogate-state", "key-over-plain-http", "answer-uncapped",
-      "health-shows-pids", "gate-batch-ignored", "auto-exact-takes-bf16")
+      "health-shows-pids", "gate-batch-ignored", "auto-exact-takes-bf16", "swap-splits-a-batch", "gate-no-headroom")
 RECORD = ROOT / "docs" / "mutants.json"
 
 

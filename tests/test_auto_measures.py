@@ -203,6 +203,22 @@ def test_the_budget_stops_the_timing_early(machine, checkpoint_dir, monkeypatch)
     assert auto.choice.measured["over_budget"] and auto.choice.measured["budget_s"] == 1.0
 
 
+def test_a_round_on_a_busy_machine_is_timed_again(machine, checkpoint_dir, monkeypatch):
+    model = load_quiet(checkpoint_dir, "torch", threads=1)
+    # the yardstick: quick at first, then three times slower around the first timed round (a busy machine)
+    readings = iter([1.0, 1.0, 3.0] + [1.0] * 100)
+    monkeypatch.setattr(bench, "reference_product", lambda: next(readings))
+    monkeypatch.setattr(bench, "clock", Clock(0.01, 0.01, 0))
+    timed = bench.time_rows({"a": model, "b": model}, [16, 48], budget_s=3.0, max_repeats=2)
+    assert (timed.redone, timed.repeats, timed.busy_kept) == (1, 2, 0)
+    assert all(len(v) == 2 for v in timed.medians.values())
+    # busy throughout, with no budget left to time again: the round is kept, and counted as busy
+    monkeypatch.setattr(bench, "reference_product", iter([1.0] + [3.0] * 100).__next__)
+    monkeypatch.setattr(bench, "clock", Clock(30.0, 30.0, 0))
+    timed = bench.time_rows({"a": model, "b": model}, [16, 48], budget_s=3.0)
+    assert (timed.redone, timed.repeats, timed.busy_kept) == (0, 1, 1)
+
+
 def test_a_candidate_whose_gate_fails_is_not_timed(machine, checkpoint_dir, monkeypatch):
     on_cpu(monkeypatch, Cpu("auto-measures test, bf16 corrupted", "x86_64", machine.flags))  # a gate of its own
     corrupt_one_weight(monkeypatch, packed)

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 from laya.cli import common
 from laya.cli.common import Subparsers, UsageError
@@ -50,6 +51,29 @@ def _end_with(parent: int) -> None:
     threading.Thread(target=watch, name="laya-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _one_at_a_time(model: str) -> Iterator[None]:
+    """One preparation of a model at a time on this machine: the engine processes of several server
+    workers each start one, and the second finds the first's pick stored instead of compiling again."""
+    import hashlib
+
+    from laya.encoder.choice import cache_root
+
+    name = hashlib.sha256(os.path.abspath(model).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    try:
+        import fcntl
+
+        folder = cache_root() / "picks"
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / f".prepare-{name}.lock", "a+")  # noqa: SIM115 - held across the yield
+    except (ImportError, OSError):
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     """`laya prepare MODEL`: the pick, made and stored; prints what auto chose and why."""
     if common.is_gguf(args.model):
@@ -67,8 +91,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("threads", args.threads), ("cache_dir", args.cache_dir),
                                  ("precision", args.precision)) if v is not None}
     began = time.monotonic()
-    model = laya.load(args.model, runtime="auto", revision=args.revision, subfolder=args.subfolder,
-                      sha256=args.sha256, measure=True, background=False, **options)
+    with _one_at_a_time(args.model):
+        model = laya.load(args.model, runtime="auto", revision=args.revision, subfolder=args.subfolder,
+                          sha256=args.sha256, measure=True, background=False, **options)
     choice = model.choice
     if choice is None:  # an exported bundle runs on its own runtime
         raise UsageError(f"{args.model} is an exported bundle: it runs on its own runtime, with nothing to pick")

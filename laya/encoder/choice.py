@@ -142,7 +142,8 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where picks, gates, programs and bundles are kept: `$LAYA_CACHE`, else ~/.cache/laya."""
     return Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya"))
 
 
@@ -150,7 +151,7 @@ EXACT = ("fp32", "f32")  # the precisions of the exact runtimes (`precision="fp3
 
 
 def pick_path(fingerprint: str, machine: Cpu, exact: bool = False) -> Path:
-    return _cache_root() / "picks" / f"{fingerprint[:16]}-{machine.key}{'-fp32' if exact else ''}.json"
+    return cache_root() / "picks" / f"{fingerprint[:16]}-{machine.key}{'-fp32' if exact else ''}.json"
 
 
 def _dist_version(names: tuple[str, ...]) -> str | None:
@@ -342,7 +343,7 @@ def _one_timing_at_a_time() -> Iterator[None]:
     try:
         import fcntl
 
-        folder = _cache_root() / "picks"
+        folder = cache_root() / "picks"
         folder.mkdir(parents=True, exist_ok=True)
         fh = open(folder / ".timing.lock", "a+")  # noqa: SIM115 - held across the yield
     except (ImportError, OSError):
