@@ -60,3 +60,27 @@ def test_the_gate_keeps_headroom_inside_the_envelope():
     assert record["max_dp_by_kind"] == {"json_object": 0.0, "text": pytest.approx(0.04)}
     reference, alone = _moved(0.02)
     assert gate.judge(reference, alone, alone, "bf16")["passed"]
+
+
+def test_the_record_reports_the_golden_cases_without_judging_them(checkpoint_dir, monkeypatch):
+    model = load_quiet(checkpoint_dir, "torch")
+    checkpoint, forward = model.checkpoint, model.runtime.forward
+    seen = len(gate.held_out_rows(checkpoint))
+    assert seen > 20  # the golden cases that fit in one row
+    record = gate.measure(checkpoint, forward, forward, "bf16")
+    assert record["held_out"] == {"source": "the golden cases", "rows": seen, "max_dp": pytest.approx(0, abs=1e-4),
+                                  "flipped_margin": 0.0}
+    assert record["passed"] and set(record["max_dp_by_kind"]) == set(KINDS)
+    # a candidate that drifts only on inputs the gate's rows never hold: reported, not judged
+    held = {row.ids for _, row, _ in gate.held_out_rows(checkpoint)} - {row.ids for _, row, _ in
+                                                                          gate.gate_rows(checkpoint)}
+
+    def drifting(batch):
+        logits, act = forward(batch)
+        for i, ids in enumerate(batch.input_ids):
+            if tuple(int(t) for t in ids[: int(batch.attention_mask[i].sum())]) in held:
+                logits[i, 0] += 0.5
+        return logits, act
+
+    record = gate.measure(checkpoint, forward, drifting, "bf16")
+    assert record["passed"] and record["max_dp"] < 1e-4 and record["held_out"]["max_dp"] > 0.03

@@ -90,7 +90,8 @@ class EncoderEngine(InProcessEngine):
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",
-                                                  "batch_dependence_max_dp", "passed", "plan") if k in gate}}
+                                                  "batch_dependence_max_dp", "passed", "plan", "rows", "bounds",
+                                                  "envelope", "max_dp_by_kind", "held_out") if k in gate}}
                    if gate else {}),
                 **({"upgrade": self.model.upgrade.status()} if self.model.upgrade else {}),
                 **(self.model.runtime.details() if hasattr(self.model.runtime, "details") else {})}
