@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import load_quiet
 from test_calibrate import QUESTIONS, write_data
@@ -140,3 +141,43 @@ def test_bad_flags_are_one_line_errors(guarantee_run, checkpoint_dir, capsys):
     assert "--coverage must be between 0 and 1" in capsys.readouterr().err
     assert main(["calibrate", str(checkpoint_dir), data, "--max-error", "0.1", "--format", "upstream"]) == 2
     assert "laya's format" in capsys.readouterr().err
+
+
+def test_eval_reports_sets_abstentions_and_aurc_per_group_from_a_calibrated_server(guarantee_run, checkpoint_dir,
+                                                                                     tmp_path):
+    from live_server import LiveServer
+
+    from laya.apps import evaluation
+    from laya.calibration.data import read_records
+    from laya.calibration.plots import risk_coverage_plot
+    from laya.server.app import create_app
+    from laya.server.serve import ModelSpec, ServeOptions, load_engine
+
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join((guarantee_run / "data.jsonl").read_text().splitlines(keepends=True)[:24]))
+    records = read_records(data)
+    engine = load_engine(ModelSpec(str(checkpoint_dir), name="m"),
+                         ServeOptions(calibration={"m": str(guarantee_run / "cal.json")}))
+    with LiveServer(create_app(lambda: [engine])) as live:
+        outcomes = evaluation.run_method(evaluation.parse_method(f"{live.url}#model=m"), records, tmp_path / "w",
+                                         progress=False)
+    figures = evaluation.figures(records, outcomes)["selective"]
+    assert {"overall", "group north", "group south"} <= set(figures)
+    hits, sizes, answered = [], [], []
+    for record in records:
+        for q in record.parsed:
+            answer = outcomes[evaluation.key_of(record)]["response"]["answers"][q.qid]
+            label = q.keys[record.labels[q.qid]]
+            hits.append(label in ["true" if v is True else "false" if v is False else v for v in answer["x_set"]])
+            sizes.append(len(answer["x_set"]))
+            answered.append(not answer["x_abstain"])
+    overall = figures["overall"]
+    assert overall["n"] == len(hits) == 72
+    assert overall["set_coverage"] == pytest.approx(np.mean(hits)) and overall["mean_set_size"] == np.mean(sizes)
+    assert overall["answered_share"] == pytest.approx(np.mean(answered))
+    assert 0 <= overall["aurc"] <= 1 and overall["ece"] >= 0
+    text = evaluation.markdown({"data": "eval.jsonl", "records": len(records),
+                                "methods": {"m": evaluation.figures(records, outcomes)}})
+    assert "set coverage" in text and "AURC" in text
+    risk_coverage_plot({"m": evaluation.risk_curves(records, outcomes)}, tmp_path / "risk.png")
+    assert (tmp_path / "risk.png").read_bytes()[:4] == b"\x89PNG"

@@ -83,3 +83,30 @@ def test_the_check_uses_disjoint_halves():
     held = generated_held_out(300)
     check = check_sets(held, 0.8, seed=1, min_group=50, splits=5)
     assert check["splits"] == 5 and set(check["mean_coverage"]) == {"overall", "group clean", "group noisy"}
+
+
+def test_groups_come_from_the_group_field_or_the_language():
+    from laya.calibration.data import Record
+    from laya.calibration.guarantees import group_of, resolve_group_by
+
+    german = Record(1, "Ich wurde doppelt abgebucht und möchte eine Rückerstattung für die Rechnung", {}, [], {})
+    tagged = Record(2, "hello", {}, [], {}, lang="pt-BR", group="enterprise")
+    assert group_of(german, "lang") == "de" and group_of(tagged, "lang") == "pt-BR"
+    assert group_of(tagged, "group") == "enterprise" and group_of(german, "group") is None
+    assert group_of(tagged, "none") is None
+    assert resolve_group_by([german, tagged], "auto") == "group"
+    assert resolve_group_by([german], "auto") == "none" and resolve_group_by([german], "lang") == "lang"
+
+
+def test_a_bad_group_field_names_the_line(tmp_path):
+    import json
+
+    from laya.calibration.data import DataError, read_records
+
+    line = {"state": "x", "questions": {"u": {"type": "noul", "instructions": "Urgent?"}}, "labels": {"u": True}}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(line | {"group": "a"}) + "\n" + json.dumps(line | {"group": 3}) + "\n")
+    with pytest.raises(DataError, match='d.jsonl:2: "group" must be a short string'):
+        read_records(path)
+    path.write_text(json.dumps(line | {"group": "a"}) + "\n")
+    assert read_records(path)[0].group == "a"
