@@ -110,3 +110,27 @@ def test_a_bad_group_field_names_the_line(tmp_path):
         read_records(path)
     path.write_text(json.dumps(line | {"group": "a"}) + "\n")
     assert read_records(path)[0].group == "a"
+
+
+def test_a_calibration_file_s_extras_combine_the_rules_and_name_the_one_that_abstained():
+    from laya.calibration.abstention import Abstention
+    from laya.calibration.conformal import ConformalSets
+    from laya.calibration.file import Calibration
+    from laya.calibration.risk import RiskRule
+
+    sets = ConformalSets(0.9, {"choice:3-5": 0.75})
+    both = Calibration("m", {}, conformal=sets, risk=RiskRule(0.05, 0.95, 0.6),
+                       abstention=Abstention(0.5, 0.9))
+    keys = ("a", "b", "c")
+    sure = both.extras(keys, "choice", np.array([0.7, 0.2, 0.1]), None)
+    assert sure == {"x_set": ["a"], "x_abstain": False, "x_threshold": 0.5, "x_signal": 0.7}
+    middling = both.extras(keys, "choice", np.array([0.55, 0.3, 0.15]), None)
+    assert middling["x_abstain"] and middling["x_abstain_rule"] == "max_error 0.05 at confidence 0.95"
+    unsure = both.extras(keys, "choice", np.array([0.4, 0.35, 0.25]), 0.9)
+    assert unsure["x_abstain"] and unsure["x_set"] == ["a", "b", "c"]
+    only_precision = Calibration("m", {}, abstention=Abstention(0.5, 0.9)).extras(keys, "choice", [0.4, 0.3, 0.3], None)
+    assert only_precision == {"x_abstain": True, "x_threshold": 0.5, "x_abstain_rule": "target_precision 0.9"}
+    # a rule on the act head, on an answer without one (a model with no act head), says nothing
+    on_act = Calibration("m", {}, risk=RiskRule(0.05, 0.95, 0.6, "act_probability"))
+    assert on_act.extras(keys, "choice", [0.4, 0.3, 0.3], None) == {}
+    assert Calibration("m", {}).extras(keys, "choice", [0.4, 0.3, 0.3], None) == {}
