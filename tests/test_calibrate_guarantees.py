@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_quiet
+from conftest import load_quiet, need
 from test_calibrate import QUESTIONS, write_data
 
 from laya.calibration.file import load_calibration
@@ -181,3 +181,19 @@ def test_eval_reports_sets_abstentions_and_aurc_per_group_from_a_calibrated_serv
     assert "set coverage" in text and "AURC" in text
     risk_coverage_plot({"m": evaluation.risk_curves(records, outcomes)}, tmp_path / "risk.png")
     assert (tmp_path / "risk.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_decide_engine_carries_sets_and_the_bound_too(tmp_path):
+    need("llama_cpp", "the [llama] extra is not installed")
+    from laya.decide.llama import open_gguf
+    from laya.testing.chat_gguf import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    data = write_data(None, tmp_path / "d.jsonl", 60, temperature=None)
+    assert main(["calibrate", str(gguf), str(data), "--out", str(tmp_path / "cal.json"), "--coverage", "0.8",
+                 "--max-error", "0.3", "--confidence", "0.9", "--min-bucket", "5"]) == 0
+    cal = load_calibration(tmp_path / "cal.json")
+    assert cal.conformal is not None and cal.risk is not None
+    assert "act_probability" not in (cal.signal.names if cal.signal else (cal.risk.signal,))  # no act head here
+    answers = open_gguf(gguf, calibration=tmp_path / "cal.json").predict("refund please", QUESTIONS)["answers"]
+    assert all(isinstance(a["x_set"], list) and isinstance(a["x_abstain"], bool) for a in answers.values())
