@@ -29,6 +29,8 @@ import numpy as np
 from laya.apps import jsonl
 from laya.calibration.data import Record
 from laya.calibration.metrics import coverage_at_precision, summarise
+from laya.calibration.selective import Answered, answered_of, group_figures
+from laya.calibration.selective import lines as selective_lines
 from laya.engine import Engine
 from laya.errors import LayaError
 from laya.questions import parse_questions
@@ -196,6 +198,7 @@ def figures(records: Sequence[Record], outcomes: dict[str, dict[str, Any]], *, p
     labels: dict[str, list[int]] = {}
     every_p, every_y, all_right, ms, tokens, failed = [], [], [], [], [], 0
     slices: dict[str, dict[str, list[bool]]] = {"tag": {}, "lang": {}}
+    selective: list[Answered] = []
     for record in records:
         outcome = outcomes.get(key_of(record, order))
         if outcome is None or "response" not in outcome:
@@ -212,6 +215,7 @@ def figures(records: Sequence[Record], outcomes: dict[str, dict[str, Any]], *, p
             every_p.append(p)
             every_y.append(y)
             right &= int(np.argmax(p)) == y
+            selective.append(answered_of(p, y, answers[q.qid], q.keys, groups_of(record)))
         all_right.append(right)
         for tag in record.tags:
             slices["tag"].setdefault(tag, []).append(right)
@@ -233,7 +237,29 @@ def figures(records: Sequence[Record], outcomes: dict[str, dict[str, Any]], *, p
                             if k in ("n", "accuracy", "nll", "brier", "ece")} for qid in probs},
         "by": {kind: {name: {"n": len(v), "all_right": float(np.mean(v))} for name, v in sorted(groups.items())}
                for kind, groups in slices.items() if groups},
+        "selective": group_figures(selective, bins),
     }
+
+
+def groups_of(record: Record) -> tuple[str, ...]:
+    """The groups the selective figures are kept per: a line's group, language and tags."""
+    return ((f"group {record.group}",) if record.group else ()) + ((f"lang {record.lang}",) if record.lang else ()) \
+        + tuple(f"tag {t}" for t in record.tags)
+
+
+def risk_curves(records: Sequence[Record], outcomes: dict[str, dict[str, Any]], order: str | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(abstain signal, wrong) of every labelled answer a method gave, for its risk-coverage curve."""
+    got = []
+    for record in records:
+        outcome = outcomes.get(key_of(record, order))
+        if outcome is None or "response" not in outcome:
+            continue
+        for q in record.parsed:
+            if q.qid in record.labels:
+                p = probabilities(q, outcome["response"]["answers"][q.qid])
+                got.append(answered_of(p, record.labels[q.qid], outcome["response"]["answers"][q.qid], q.keys, ()))
+    return np.array([a.signal for a in got]), np.array([a.wrong for a in got])
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -267,6 +293,11 @@ def markdown(rep: dict[str, Any]) -> str:
             lines.append(f"\n`{spec}`, order sensitivity (largest change of an option's probability, options "
                          f"reversed): max {_num(found['max'])}, mean {_num(found['mean'])} over "
                          f"{found['questions']} choices")
+    for spec, f in rep["methods"].items():
+        if f.get("selective"):
+            lines.append(f"\n`{spec}`, per group (AURC in order of x_signal where answers carry it, else the top "
+                         "probability; set coverage where they carry x_set):")
+            lines += selective_lines(f["selective"])
     for spec, f in rep["methods"].items():
         for kind, groups in f["by"].items():
             parts = ", ".join(f"{name} {g['all_right']:.3f} (n {g['n']})" for name, g in groups.items())

@@ -38,6 +38,7 @@ class Record:
     soft: dict[str, tuple[float, ...]] = field(default_factory=dict)  # qid -> gold distribution, when given
     tags: tuple[str, ...] = ()  # "tags": what `laya eval` slices its figures by
     lang: str | None = None  # "lang": the state's language, another slice
+    group: str | None = None  # "group": the stratum its prediction sets and report figures are kept per
 
 
 def label_index(q: Question, value: Any) -> int:
@@ -123,7 +124,11 @@ def read_records(path: str | os.PathLike) -> list[Record]:
             raise DataError(f"{at}: \"tags\" must be a list of short strings")
         if lang is not None and not (isinstance(lang, str) and 0 < len(lang) <= 35):
             raise DataError(f"{at}: \"lang\" must be a language tag such as \"en\"")
-        records.append(Record(number, data["state"], data["questions"], parsed, indices, soft, tuple(tags), lang))
+        group = data.get("group")
+        if group is not None and not (isinstance(group, str) and 0 < len(group) <= 100):
+            raise DataError(f"{at}: \"group\" must be a short string such as \"de\" or \"enterprise\"")
+        records.append(Record(number, data["state"], data["questions"], parsed, indices, soft, tuple(tags), lang,
+                              group))
     if not records:
         raise DataError(f"{where}: no labelled decisions in the file")
     return records

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from laya.calibration.abstention import Abstention
+from laya.calibration.conformal import ConformalSets
+from laya.calibration.risk import RiskRule
+from laya.calibration.signal import Signal, features
 from laya.calibration.temperatures import Temperatures, clamp
 from laya.errors import CheckpointError
 from laya.questions import QTYPES
@@ -36,6 +42,33 @@ class Calibration:
     whole: Temperatures | None = None
     binning: dict[str, tuple[float, ...]] | None = None
     identity: dict[str, Any] | None = None
+    # optional (a file without them loads as before): prediction sets, the error-bound rule, its signal
+    conformal: ConformalSets | None = None
+    risk: RiskRule | None = None
+    signal: Signal | None = None
+
+    def extras(self, keys: Sequence[str], qtype: str, p: Any, act: float | None) -> dict[str, Any]:
+        """The `x_` fields this file adds to one answer from its calibrated probabilities `p`:
+        `x_set` (conformal), `x_abstain` / `x_threshold` (target precision), and from the error-bound
+        rule `x_abstain` (either rule abstaining), `x_abstain_rule` (the rule that did) and `x_signal`."""
+        out: dict[str, Any] = {}
+        if self.conformal is not None:
+            out |= self.conformal.extras(keys, qtype, p)
+        if self.abstention is not None:
+            out |= self.abstention.extras(qtype, len(p), np.asarray(p))
+            if out["x_abstain"]:
+                out["x_abstain_rule"] = f"target_precision {self.abstention.target_precision:g}"
+        if self.risk is not None:
+            signal = self.signal or Signal(self.risk.signal)
+            feats = features(p, act)
+            if all(name in feats for name in signal.needs()):
+                value = signal.value(feats)
+                out["x_signal"] = value
+                if self.risk.abstains(value):
+                    out["x_abstain"] = True
+                    out["x_abstain_rule"] = self.risk.name
+                out.setdefault("x_abstain", False)
+        return out
 
     def over(self, base: Temperatures) -> Temperatures:
         """`base` with this file's fitted types replaced (an upstream file replaces everything)."""
@@ -56,6 +89,9 @@ class Calibration:
                                "temperature_by_options": dict(self.temperature_by_options)}
         if self.abstention is not None:
             out["abstention"] = self.abstention.to_dict()
+        for key, part in (("conformal", self.conformal), ("risk", self.risk), ("signal", self.signal)):
+            if part is not None:
+                out[key] = part.to_dict()
         out["fitted"] = self.fitted
         return out
 
@@ -100,11 +136,13 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
     per_type = temps("temperature", lambda k: k in QTYPES)
     by_bucket = temps("temperature_by_options",
                       lambda k: isinstance(k, str) and k.partition(":")[0] in QTYPES and k.partition(":")[2] in BUCKETS)
-    abstention = None
-    if data.get("abstention") is not None:
+    def part(key: str, kind: Any) -> Any:
         try:
-            abstention = Abstention.from_dict(data["abstention"], where)
+            return None if data.get(key) is None else kind.from_dict(data[key], where)
         except ValueError as exc:
             raise CheckpointError(str(exc)) from exc
+
     return Calibration(model=str(data.get("model") or ""), temperature=per_type, temperature_by_options=by_bucket,
-                       abstention=abstention, fitted=dict(data.get("fitted") or {}), path=where)
+                       abstention=part("abstention", Abstention), fitted=dict(data.get("fitted") or {}), path=where,
+                       conformal=part("conformal", ConformalSets), risk=part("risk", RiskRule),
+                       signal=part("signal", Signal))

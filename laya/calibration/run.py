@@ -19,6 +19,15 @@ from laya.calibration.abstention import Abstention, choose_threshold
 from laya.calibration.data import Record
 from laya.calibration.file import Calibration
 from laya.calibration.fitting import MIN_BUCKET_SAMPLES, FitResult, Labelled, fit_temperatures
+from laya.calibration.guarantees import (
+    Guarantees,
+    HeldOut,
+    fit_guarantees,
+    group_of,
+    resolve_group_by,
+    selective_figures,
+    summary_lines,
+)
 from laya.calibration.metrics import DEFAULT_BINS, coverage_at_precision, summarise
 from laya.calibration.temperatures import Temperatures, bucket_key
 
@@ -34,6 +43,8 @@ class Outcome:
     heldout_after: tuple[np.ndarray, np.ndarray]
     binning: dict[str, dict[str, Any]] | None = None  # upstream's histogram binning, when asked for
     temperatures: Temperatures | None = None  # the model's temperatures after calibration
+    held: HeldOut | None = None  # the held-out answers after calibration, with their lines and groups
+    guarantees: Guarantees | None = None  # prediction sets and the error-bound rule, when asked for
 
 
 def collect(model: Any, records: Sequence[Record], progress: Callable[[int, int], None] | None = None
@@ -102,9 +113,13 @@ def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdou
               buckets: bool = True, min_bucket: int = MIN_BUCKET_SAMPLES, target_precision: float | None = None,
               bins: int = DEFAULT_BINS, precision_levels: Sequence[float] = (0.9, 0.95),
               progress: Callable[[int, int], None] | None = None, data_name: str = "",
-              binning_min_bucket: int | None = None) -> Outcome:
+              binning_min_bucket: int | None = None, coverage: float | None = None,
+              max_error: float | None = None, confidence: float = 0.95, group_by: str = "auto",
+              min_group: int | None = None) -> Outcome:
     """`binning_min_bucket` also fits upstream's histogram binning (on the training answers, over the
-    fitted temperatures) for every bucket with that many answers."""
+    fitted temperatures) for every bucket with that many answers. `coverage` fits prediction sets and
+    `max_error` / `confidence` the error-bound rule on the held-out answers (laya.calibration.guarantees),
+    per group of `group_by` (`group`, `lang`, `none` or `auto`)."""
     if target_precision is not None and not 0.0 < target_precision <= 1.0:
         raise ValueError(f"the target precision must be in (0, 1], got {target_precision}")
     train_idx, test_idx = split(len(records), holdout, seed)
@@ -133,6 +148,11 @@ def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdou
             str(level): {"before": coverage_at_precision(top_b, correct_b, level),
                          "after": coverage_at_precision(top_a, correct_a, level)} for level in precision_levels},
     }
+    held = held_out(records, evidence, test_idx, after, resolve_group_by(records, group_by))
+    extra = fit_guarantees(held, coverage=coverage, max_error=max_error, confidence=confidence, seed=seed,
+                           **({} if min_group is None else {"min_group": min_group}))
+    report |= extra.report | {"groups_by": resolve_group_by(records, group_by),
+                              "selective": selective_figures(held, extra.signal_values, bins)}
     abstention = None
     if target_precision is not None:
         threshold = choose_threshold(top_a, correct_a, target_precision)
@@ -158,6 +178,7 @@ def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdou
             }
     calibration = Calibration(model=fingerprint, temperature=fitted.temperature,
                               temperature_by_options=fitted.temperature_by_options, abstention=abstention,
+                              conformal=extra.conformal, risk=extra.risk, signal=extra.signal,
                               fitted={"data": data_name, "split": report["split"], "counts": fit.counts,
                                       "min_bucket_samples": min_bucket})
     binning = None
@@ -167,7 +188,17 @@ def calibrate(model: Any, records: Sequence[Record], *, fingerprint: str, holdou
         binning = fit_binning(train, after, min_bucket=binning_min_bucket)
         report["binning"] = {"buckets": sorted(binning), "min_bucket_answers": binning_min_bucket,
                              "fitted_on": "training answers (after calibration)"}
-    return Outcome(calibration, report, (top_b, correct_b), (top_a, correct_a), binning, after)
+    return Outcome(calibration, report, (top_b, correct_b), (top_a, correct_a), binning, after, held, extra)
+
+
+def held_out(records: Sequence[Record], evidence: Sequence[Sequence[Labelled]], test_idx: Sequence[int],
+             temps: Temperatures, group_by: str) -> HeldOut:
+    """The held-out answers decoded at `temps`, each with its line and group."""
+    samples = [(i, s) for i in test_idx for s in evidence[i]]
+    groups = {i: group_of(records[i], group_by) for i in test_idx}
+    return HeldOut(decode_all([s for _, s in samples], temps), [s.label for _, s in samples],
+                   [s.evidence.qtype for _, s in samples], [s.evidence.act_probability for _, s in samples],
+                   [i for i, _ in samples], [groups[i] for i, _ in samples])
 
 
 def text_summary(report: dict[str, Any]) -> str:
@@ -214,4 +245,4 @@ def text_summary(report: dict[str, Any]) -> str:
                          f"(target precision {ab['target_precision']:.0%}): coverage {ab['coverage']:.1%}, "
                          f"precision {ab['precision_of_answered']:.1%} on held-out"
                          + (f"; {len(ab['by_bucket'])} bucket thresholds" if ab["by_bucket"] else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + summary_lines(report))

@@ -27,6 +27,18 @@ def register(sub: Subparsers) -> None:
     cal.add_argument("--readout", choices=READOUT_CHOICES, help=READOUT_HELP + "; a calibration is fitted on one")
     cal.add_argument("--report-dir", help="also write the report (JSON, text) and the two plots (PNG) here")
     cal.add_argument("--target-precision", type=float, help="choose an abstention threshold for this precision")
+    cal.add_argument("--coverage", type=float,
+                     help="prediction sets (x_set) holding the right answer with at least this probability "
+                          "(split conformal on the held-out answers, per bucket and group)")
+    cal.add_argument("--max-error", type=float,
+                     help="abstain (x_abstain) so that the error rate of the answers given is at most this, "
+                          "with probability --confidence (Learn then Test on the held-out answers)")
+    cal.add_argument("--confidence", type=float, default=0.95, help="the confidence of --max-error's bound")
+    cal.add_argument("--group-by", default="auto", choices=["auto", "group", "lang", "none"],
+                     help="groups of the prediction sets and the report: a line's \"group\" field, its language "
+                          "(its \"lang\", else as the router detects it), none; auto: group, else lang if given")
+    cal.add_argument("--min-group", type=int, default=100,
+                     help="held-out answers a group needs for its own prediction-set threshold")
     cal.add_argument("--holdout", type=float, default=0.3, help="share of lines held out for the report")
     cal.add_argument("--seed", type=int, default=0, help="seed of the train/held-out split")
     cal.add_argument("--min-bucket", type=int, default=100,
@@ -57,6 +69,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from laya.calibration.run import calibrate, text_summary
 
     records = read_records(args.data)  # every line checked before the model loads
+    for name in ("coverage", "max_error", "confidence"):
+        value = getattr(args, name)
+        if value is not None and not 0.0 < value < 1.0:
+            raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, got {value}")
+    if args.format == "upstream" and (args.coverage is not None or args.max_error is not None):
+        raise UsageError("--coverage and --max-error are written in laya's format; leave out --format upstream")
     if args.binning and args.format != "upstream":
         raise UsageError("--binning writes upstream's binning_map; add --format upstream")
     if is_gguf(args.model) and args.format == "upstream":
@@ -77,7 +95,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         outcome = calibrate(model, records, fingerprint=fingerprint, holdout=args.holdout, seed=args.seed,
                             buckets=buckets, min_bucket=args.min_bucket, target_precision=args.target_precision,
                             bins=args.bins, progress=_progress(), data_name=Path(args.data).name,
-                            binning_min_bucket=args.binning_min_bucket if args.binning else None)
+                            binning_min_bucket=args.binning_min_bucket if args.binning else None,
+                            coverage=args.coverage, max_error=args.max_error, confidence=args.confidence,
+                            group_by=args.group_by, min_group=args.min_group)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.format == "upstream":
@@ -99,9 +119,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         (folder / "calibration-report.txt").write_text(summary + "\n")
         reliability_diagram(outcome.heldout_before, outcome.heldout_after, args.bins, folder / "reliability.png")
         coverage_plot(outcome.heldout_before, outcome.heldout_after, folder / "coverage.png", args.target_precision)
+        _guarantee_plots(outcome, folder, args.max_error)
     print(summary)
     print(f"wrote {args.out}" + (f" and the report in {args.report_dir}" if args.report_dir else ""), file=sys.stderr)
     return 0
+
+
+def _guarantee_plots(outcome: Any, folder: Path, max_error: float | None) -> None:
+    """risk-coverage.png always; sets.png with prediction sets."""
+    from laya.calibration.guarantees import curves
+    from laya.calibration.plots import risk_coverage_plot, sets_plot
+
+    assert outcome.held is not None and outcome.guarantees is not None
+    risk_coverage_plot(curves(outcome.held, outcome.guarantees.signal_values), folder / "risk-coverage.png",
+                       max_error)
+    conformal = outcome.report.get("conformal")
+    if conformal:
+        check = conformal["check"]
+        sets_plot(check["mean_coverage"], check["mean_set_size"], conformal["coverage"], folder / "sets.png")
 
 
 def _progress() -> Callable[[int, int], None]:

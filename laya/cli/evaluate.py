@@ -23,6 +23,9 @@ def register(sub: Subparsers) -> None:
                     help="checkpoint[:RUNTIME], chat.gguf[:READOUT], or a System One URL[#model=NAME]; repeat")
     ev.add_argument("--json", metavar="FILE", help="also write the figures as JSON (a later run's --baseline)")
     ev.add_argument("--plot", metavar="FILE.png", help="accuracy against ms per query, one point per method")
+    ev.add_argument("--risk-plot", metavar="FILE.png",
+                    help="risk-coverage curves, one per method (answering in order of x_signal, else the top "
+                         "probability), with their AURC")
     ev.add_argument("--work", metavar="DIR", help="where each method's answers are kept, so a run resumes "
                                                  "(default: beside --json, else .laya-eval)")
     ev.add_argument("--baseline", metavar="REPORT.json", help="exit 1 if a method fell by more than --max-drop")
@@ -101,6 +104,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if args.plot:
         evaluation.plot(rep, args.plot)
+    if args.risk_plot:
+        from laya.calibration.plots import risk_coverage_plot
+
+        risk_coverage_plot({spec: evaluation.risk_curves(records, outcomes, args.order)
+                            for spec, outcomes in results.items()}, args.risk_plot, title="Risk vs coverage")
     silent = [spec for spec, f in rep["methods"].items() if f["answered"] == 0]
     for spec in silent:
         print(f"laya: {spec} answered none of the {len(records)} states (see {work})", file=sys.stderr)

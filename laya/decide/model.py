@@ -286,8 +286,8 @@ class DecideModel:
         for q, ev, extra in zip(parsed, evidence, extras):
             tempered = "x_tournament" in extra  # its rounds applied the temperature
             p = ev.probabilities(1.0 if tempered else self.temperatures.for_question(q.qtype, q.n_options))
-            if self.abstention is not None:
-                extra |= self.abstention.extras(q.qtype, q.n_options, p)
+            if self.calibration is not None:  # prediction set, abstention
+                extra |= self.calibration.extras(q.keys, q.qtype, p, None)
             answers[q.qid] = decode.answer(q, p, extra)
         return SystemOneResponse(model=self.name, answers=answers, input_tokens=int(tokens))
 

@@ -281,8 +281,8 @@ class Model:
                 z, a = next(one_row)
                 p = self.tempered(q, z)
                 extras = self._act(a)
-            if self.abstention is not None:
-                extras |= self.abstention.extras(q.qtype, q.n_options, p)
+            if self.calibration is not None:  # prediction set, abstention
+                extras |= self.calibration.extras(q.keys, q.qtype, p, extras.get("x_act_probability"))
             answer = decode.answer(q, p, extras)
             if self.binning and answer.answer_confidence is not None:
                 answer.answer_confidence = apply_binning(answer.answer_confidence,
