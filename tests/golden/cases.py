@@ -1,4 +1,4 @@
-"""The golden cases (laya/testing/golden_cases.py), loaded by file path: the golden maker imports this in
+"""The golden cases (laya/encoder/golden_cases.py), loaded by file path: the golden maker imports this in
 upstream's environment too, whose own package is named laya."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-_SOURCE = Path(__file__).resolve().parents[2] / "laya" / "testing" / "golden_cases.py"
+_SOURCE = Path(__file__).resolve().parents[2] / "laya" / "encoder" / "golden_cases.py"
 _spec = importlib.util.spec_from_file_location("golden_cases", _SOURCE)
 assert _spec is not None and _spec.loader is not None
 _module = importlib.util.module_from_spec(_spec)
