@@ -360,3 +360,36 @@ def test_request_ids_differ_across_requests_processes_and_forks():
 def test_a_long_client_id_is_echoed_cut_to_128_characters(server):
     r = post(server, {"state": STATE, "questions": {"u": URGENT}}, headers={"x-typesafe-request-id": "r" * 300})
     assert r.status_code == 200 and r.headers["x-typesafe-request-id"] == "r" * 128
+
+
+@pytest.mark.parametrize("path", ["/api/alpha/decisions", "/v1/decisions"])
+def test_the_decisions_routes_answer_as_systemone_under_the_hosted_names(keyed, model, monkeypatch, path):
+    """OpenRouter's route and name for the hosted model (and the `/v1/decisions` proxies ask for): the same
+    handler, door, key and errors as /v1/systemone; the official SDK pointed at the route."""
+    from typesafe_sdk import Choice, Noul, TypeSafeClient
+    from typesafe_sdk._core import endpoints
+
+    monkeypatch.setattr(endpoints, "SYSTEM_ONE_PATH", path)
+    questions = {"u": {"type": "noul", "instructions": "Urgent?"},
+                 "t": {"type": "choice", "instructions": "Which team?",
+                       "criteria": {"billing": "refunds", "sales": ""}}}
+    auth = {"authorization": f"Bearer {KEY}"}
+    reference = httpx.post(keyed.url + "/v1/systemone", json={"state": STATE, "questions": questions}, headers=auth)
+    for name in ("typesafe/jev-1.13", "jev-1.13", "jev-latest"):
+        r = httpx.post(keyed.url + path, json={"model": name, "state": STATE, "questions": questions}, headers=auth)
+        assert r.status_code == 200 and r.json()["answers"] == reference.json()["answers"], r.text
+        assert r.json()["model"] == model.name and r.headers["x-typesafe-request-id"]
+    with TypeSafeClient(api_key=KEY, base_url=keyed.url) as client:
+        result = client.system_one(state=STATE, model="typesafe/jev-1.13",
+                                   questions={"u": Noul(instructions="Urgent?"),
+                                              "t": Choice(instructions="Which team?",
+                                                          criteria={"billing": "refunds", "sales": ""})})
+        assert result.choices["t"].probabilities == pytest.approx(
+            reference.json()["answers"]["t"]["probabilities"], abs=1e-9)
+    # the same key, the same refusals
+    assert httpx.post(keyed.url + path, json={"state": STATE, "questions": questions}).status_code == 403
+    bad = httpx.post(keyed.url + path, json={"state": STATE, "questions": {}}, headers=auth)
+    assert bad.status_code == 422 and "detail" in bad.json()
+    unknown = httpx.post(keyed.url + path, json={"model": "typesafe/other", "state": STATE, "questions": questions},
+                         headers=auth)
+    assert unknown.status_code == 404 and unknown.json()["detail"]["error_type"] == "api_usage_error"

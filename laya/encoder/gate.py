@@ -121,10 +121,10 @@ def held_out_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row, str]]:
     """The rows of the golden cases (`laya.encoder.golden_cases`, written to pin upstream's answers, not
     for the gate): inputs the gate's own rows never were, on which the record reports the drift without
     judging it. A case whose options do not fit in one row (a tournament's) is left out."""
+    from laya.encoder.golden_cases import cases
     from laya.encoder.rows import build_rows
     from laya.errors import QuestionError
     from laya.questions import parse_questions
-    from laya.encoder.golden_cases import cases
 
     tok, cfg = checkpoint.tokenizer, checkpoint.config
     out = []

@@ -26,7 +26,10 @@ from collections.abc import Callable
 from laya.server.request_ids import REQUEST_ID_RAW, given_or_new
 
 log = logging.getLogger("laya.server")
-SHED_ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions"})
+# `/v1/systemone` and the names hosted services and proxies give the same route (OpenRouter's
+# `/api/alpha/decisions`, and `/v1/decisions`): one handler, one door, one set of limits
+DECISION_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+SHED_ROUTES = frozenset({*DECISION_ROUTES, "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions"})
 OPENAI_ROUTES = frozenset({"/v1/chat/completions"})
 PLAN_ROUTE = "/v1/systemone/plan"
 PLAN_SHARE = 8  # plans may hold at most 1/8 of the door (at least one)

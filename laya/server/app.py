@@ -21,7 +21,7 @@ from laya.auth import key_given
 from laya.engine import AnyEngine, ForwardingEngine
 from laya.errors import LayaError
 from laya.server import heap, openai, routes
-from laya.server.admission import PLAN_ROUTE, SHED_ROUTES, Admission
+from laya.server.admission import DECISION_ROUTES, PLAN_ROUTE, SHED_ROUTES, Admission
 from laya.server.batcher import MicroBatcher, PassThrough
 from laya.server.call import Call, Reply, headers_of
 from laya.server.metrics import Books, Metrics
@@ -32,7 +32,7 @@ from laya.version import __version__
 
 log = logging.getLogger("laya.server")
 access_log = logging.getLogger("laya.server.access")
-ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions", "/v1/models",
+ROUTES = {*DECISION_ROUTES, "/v1/systemone/batch", "/v1/systemone/plan", "/v1/chat/completions", "/v1/models",
           "/health", "/ready", "/metrics", "/"}
 # The decision routes, called straight from `RequestContext` (which `LayaApp` puts in front of
 # FastAPI) instead of through FastAPI's and Starlette's layers of middleware, routing and endpoint
@@ -41,7 +41,8 @@ ROUTES = {"/v1/systemone", "/v1/systemone/batch", "/v1/systemone/plan", "/v1/cha
 # (interleaved A/B). They read a `Call` and return a `Reply` (laya.server.call), not Starlette's
 # request and response objects. FastAPI still registers them, for the OpenAPI document and for every
 # other method or a mounted prefix on these paths.
-DIRECT = {("POST", "/v1/systemone"): routes.systemone, ("POST", "/v1/systemone/batch"): routes.systemone_batch,
+DIRECT = {**{("POST", path): routes.systemone for path in DECISION_ROUTES},
+          ("POST", "/v1/systemone/batch"): routes.systemone_batch,
           ("POST", PLAN_ROUTE): routes.systemone_plan, ("POST", "/v1/chat/completions"): openai.chat_completions}
 
 
@@ -157,8 +158,9 @@ class RequestContext:
         finally:
             elapsed = time.perf_counter() - began
             route = scope["path"] if scope["path"] in ROUTES else "other"
+            logged = route.startswith(("/v1/systemone", "/v1/chat")) or route in DECISION_ROUTES
             line = ({"id": rid, "route": route, "status": status[0], "ms": round(elapsed * 1000, 2),
-                     **state["log"]} if route.startswith(("/v1/systemone", "/v1/chat")) else None)
+                     **state["log"]} if logged else None)
             self.books.add(route, status[0], elapsed, line)
 
     def _finish(self, raw: list[tuple[bytes, bytes]], rid: str) -> list[tuple[bytes, bytes]]:

@@ -40,7 +40,7 @@ from laya.request import Request, check_size, parse_request
 from laya.response import SystemOneResponse
 from laya.routing.router import AUTO, by_role, roles_of
 from laya.schema import chat_schema, request_schema
-from laya.server.admission import Admission
+from laya.server.admission import DECISION_ROUTES, Admission
 from laya.server.batcher import InferenceFailed, Overloaded, Unavailable
 from laya.server.body import check_media_type, check_tree, decode, decoded_within, parse_json, read_body
 from laya.server.call import Call, Reply, endpoint
@@ -103,6 +103,8 @@ class Context:
         if not self.served.ready:
             raise usage_error(503, "overloaded_error", "the models are still loading",
                               {"Retry-After": str(max(1, self.config.retry_after_s))})
+        if name is not None and name.startswith(HOSTED_PREFIX + "jev-"):  # the hosted name, as OpenRouter gives it
+            name = name[len(HOSTED_PREFIX):]
         if name is None or name in ALIASES or (name.startswith("jev-") and name not in self.served.engines):
             return self.served.default  # type: ignore[return-value]
         if name not in self.served.engines:
@@ -390,6 +392,7 @@ async def systemone_plan(request: Call) -> Reply:
 
 
 MODEL_DIGEST_HEADER = "X-Laya-Model-Digest"
+HOSTED_PREFIX = "typesafe/"  # OpenRouter names the hosted model typesafe/jev-<version>
 # what /v1/models says of each model, beside its name: what exactly answers and where
 PROVENANCE = ("runtime", "precision", "device", "model_digest", "digests", "calibration", "gate", "upgrade")
 
@@ -488,8 +491,9 @@ def register(app: FastAPI, limits: Limits) -> None:
     def body(schema: dict[str, Any]) -> dict[str, Any]:
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
-    app.add_api_route("/v1/systemone", endpoint(systemone), methods=["POST"],
-                      openapi_extra=body(request_schema(limits)))
+    for path in DECISION_ROUTES:  # one handler under the names clients and proxies use
+        app.add_api_route(path, endpoint(systemone), methods=["POST"], openapi_extra=body(request_schema(limits)),
+                          operation_id=f"decide{path.replace('/', '_')}")
     app.add_api_route("/v1/systemone/batch", endpoint(systemone_batch), methods=["POST"],
                       openapi_extra=body(request_schema(limits, batch=True)))
     app.add_api_route("/v1/systemone/plan", endpoint(systemone_plan), methods=["POST"],
