@@ -237,6 +237,23 @@ def test_a_request_in_flight_when_its_process_dies_is_run_again_on_the_new_one()
     remote.close()
 
 
+@pytest.mark.slow
+def test_a_request_caught_by_a_death_waits_for_a_slow_restart_up_to_its_deadline():
+    """A restart slower than `retry_wait_s` (as on a busy machine, where loading takes a minute) still
+    answers the request caught by the death, if it is up within the request's deadline."""
+    remote = scripted_remote(delay=0.6, policy=RestartPolicy(backoff_s=(1.5,), max_deaths=3, retry_wait_s=0.5))
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        result: dict = {}
+        asker = threading.Thread(target=lambda: result.update(r=post(live.url, headers={TIMEOUT_HEADER: "20"})))
+        asker.start()
+        wait_until(lambda: remote._link.busy()[0], 10.0)
+        os.kill(remote.pid, signal.SIGKILL)
+        asker.join(30)
+        assert result["r"].status_code == 200, result["r"].text
+        assert remote.restarts == 1
+    remote.close()
+
+
 def test_a_model_that_keeps_dying_stays_down_and_the_others_serve(two_models):
     live, remote = two_models
     for _ in range(FAST.max_deaths):

@@ -98,7 +98,10 @@ class RestartPolicy:
     max_deaths: int = 5  # deaths within `window_s` after which the model stays down
     window_s: float = 60.0
     start_timeout_s: float = 600.0  # a new process must load and warm up within this
-    retry_wait_s: float = 60.0  # longest a job caught by a death waits for the new process (and its deadline)
+    # Longest a job with no deadline, caught by a death, waits for the new process. One with a deadline (every
+    # request the server admits) waits up to its deadline: on a busy machine a restart can take longer than a
+    # fixed bound, and a 503 before the deadline drops what the new process would have answered.
+    retry_wait_s: float = 60.0
     # A process with work outstanding that consumes no CPU and answers nothing for `hang_min_s` is hung;
     # so is one that spends more CPU seconds on a batch than `hang_factor` times what the batch's units
     # need at its measured speed (and at least `hang_cpu_s`): killed and restarted (`laya.server.progress`).
@@ -560,8 +563,8 @@ class RemoteEngine:
 
     async def submit(self, job: RemoteJob) -> tuple[list[SystemOneResponse], Timing]:
         """The job's answers from the engine process, in one round trip. A job whose process dies
-        under it is sent once more to the new one, if that is up within the job's deadline (a second
-        death: the 503, not a third process)."""
+        under it is sent once more to the new one, if that is up within the job's deadline (however long
+        a busy machine makes the restart; a second death: the 503, not a third process)."""
         link = self._link_now()
         for attempt in (1, 2):
             try:
@@ -570,7 +573,7 @@ class RemoteEngine:
                 if attempt == 2 or job.cancelled.is_set():
                     raise self._unavailable() from None
             left = job.cancelled.remaining()
-            await self._restarted(max(0.0, min(self.policy.retry_wait_s, math.inf if left is None else left)))
+            await self._restarted(max(0.0, self.policy.retry_wait_s if left is None else left))
             link = self._link_now()
         raise AssertionError("unreachable")
 
