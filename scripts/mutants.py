@@ -46,6 +46,7 @@ ADMISSION = "laya/server/admission.py"
 BATCHER = "laya/server/batcher.py"
 BODY = "laya/server/body.py"
 REMOTE = "laya/server/remote.py"
+PROGRESS = "laya/server/progress.py"
 ONNX = "laya/encoder/runtimes/onnx.py"
 ONNX_EXPORT = "laya/encoder/export/onnx.py"
 GRAPH_TEST = ("tests/test_onnx.py::test_the_graph_runs_fused_kernels_and_splits_no_product",)
@@ -59,6 +60,10 @@ ADMISSION_TESTS = ("tests/test_admission.py",)
 BODY_TESTS = ("tests/test_body.py",)
 TEMP_TESTS = ("tests/test_temperatures.py",)
 REMOTE_TESTS = ("tests/test_engine_process.py",)
+RECOVERY = "tests/test_server_recovery.py"
+GATES = "tests/test_precision_gates.py"
+AUTO = "tests/test_auto.py"
+ROWNET = "laya/encoder/runtimes/rownet.py"
 
 MUTANTS = [
     # --- the six of the audit ---
@@ -125,7 +130,8 @@ MUTANTS = [
     Mutant("batcher-release-noop", BATCHER, "        self.pending_rows -= rows\n\n    def resize",
            "        pass\n\n    def resize", ADMISSION_TESTS, "a refused request's rows are never given back"),
     # --- the engine process ---
-    Mutant("remote-one-at-a-time", REMOTE, "        while self.prepared and rows < batching.max_rows:",
+    Mutant("remote-one-at-a-time", REMOTE,
+           "        while self.prepared and rows < batching.max_rows and tokens < budget:",
            "        while False:",
            REMOTE_TESTS, "the engine process runs one request at a time, never what queued together"),
     Mutant("remote-cancel-lost", REMOTE,
@@ -183,7 +189,7 @@ MUTANTS = [
            "for k, v in {}.items()]", ("tests/test_call.py", "tests/test_server_overload.py"),
            "an answer's own headers (Retry-After) are lost"),
     Mutant("prefixed-route-unwrapped", "laya/server/routes.py",
-           'app.add_api_route("/v1/systemone", endpoint(systemone),', 'app.add_api_route("/v1/systemone", systemone,',
+           "app.add_api_route(path, endpoint(systemone),", "app.add_api_route(path, systemone,",
            ("tests/test_call.py",), "a decision route reached through FastAPI gets Starlette's request it cannot read"),
     Mutant("walk-skips-exponents", BODY, r'rb"[0-9](?:[eE]|[0-9]{%d})" % MAX_INT_DIGITS',
            r'rb"[0-9][0-9]{%d}" % MAX_INT_DIGITS', ("tests/test_body.py",),
@@ -257,7 +263,7 @@ MUTANTS = [
     Mutant("paths-left-in-text", "laya/redaction.py", "    return _PATH.sub(lambda m: last(m.group(0)), text)",
            "    return text", ("tests/test_redaction.py",),
            "an absolute path inside an error message leaves the server"),
-    Mutant("hang-unseen", REMOTE, "        if rows and silent > bound:", "        if False:",
+    Mutant("hang-unseen", PROGRESS, "        if now - self.moved_at > bounds.stall_s:", "        if False:",
            ("tests/test_server_recovery.py::test_a_hung_engine_process_is_killed_and_restarted",),
            "an engine process stuck in a forward pass is never restarted"),
     Mutant("health-open-with-key", "laya/server/routes.py",
@@ -366,12 +372,112 @@ MUTANTS = [
            "        if max(before, after) > BUSY_RATIO * quickest:", "        if False:",
            ("tests/test_auto_measures.py::test_a_round_on_a_busy_machine_is_timed_again",),
            "auto trusts a timing taken while the machine was busy"),
+    # --- issue 59: progress, not wall time, tells a hung engine; and what nothing checked before ---
+    Mutant("hang-by-wall-time", REMOTE,
+           "        if not link.watch.readable:  # no CPU time to read here: silence against the measured wall speed",
+           "        if True:  # no CPU time to read here: silence against the measured wall speed",
+           (f"{RECOVERY}::test_a_slow_engine_on_busy_cores_is_left_to_work_and_a_stopped_one_is_restarted",),
+           "a slow engine on a busy machine is judged hung by wall time against an idle machine's speed"),
+    Mutant("spin-unseen", PROGRESS, "            if spent > bound:", "            if False:",
+           (f"{RECOVERY}::test_a_spinning_engine_is_restarted_and_a_replacement_as_slow_is_left_to_work",),
+           "a process spending CPU past what its work needs, answering nothing, is never restarted"),
+    Mutant("spin-restarts-in-a-loop", REMOTE, "                again = self._spun == link.generation - 1",
+           "                again = False",
+           (f"{RECOVERY}::test_a_spinning_engine_is_restarted_and_a_replacement_as_slow_is_left_to_work",),
+           "a replacement as slow as the process it replaced is killed again (a restart loop)"),
+    Mutant("idle-counts-as-silence", REMOTE,
+           "            if not self.sent:  # idle until now: silence counts from here",
+           "            if False:  # idle until now: silence counts from here",
+           (f"{RECOVERY}::test_a_request_after_the_engine_idled_past_the_hang_bound_is_answered_without_a_restart",),
+           "an engine idle past the hang bound is judged hung by the first request after"),
+    Mutant("retry-wait-capped", REMOTE,
+           "await self._restarted(max(0.0, self.policy.retry_wait_s if left is None else left))",
+           "await self._restarted(max(0.0, min(self.policy.retry_wait_s, math.inf if left is None else left)))",
+           (f"{RECOVERY}::test_a_request_caught_by_a_death_waits_for_a_slow_restart_up_to_its_deadline",),
+           "a request caught by a death gives up at a fixed bound, before its deadline, while a slow restart loads"),
+    Mutant("caught-requests-dropped", REMOTE,
+           "await self._restarted(max(0.0, self.policy.retry_wait_s if left is None else left))",
+           "await self._restarted(0.0)",
+           (f"{RECOVERY}::test_an_engine_killed_under_load_on_busy_cores_loses_no_request",),
+           "a request caught by a death is answered 503 at once, never run on the new process"),
+    Mutant("batch-tokens-not-plumbed", "laya/server/serve.py",
+           "max_wait_ms=options.server.max_wait_ms,\n"
+           "                        max_tokens=options.server.max_batch_tokens)",
+           "max_wait_ms=options.server.max_wait_ms)",
+           ("tests/test_engine_process.py::test_laya_serve_gives_its_engine_processes_the_batch_bounds_it_was_given",),
+           "--max-batch-tokens never reaches the engine process, where laya serve batches"),
+    Mutant("ray-batch-tokens-not-plumbed", "laya/server/ray_app.py",
+           "                                  max_batch_tokens=options.server.max_batch_tokens))",
+           "                                  ))",
+           ("tests/test_ray_config.py::test_laya_serve_ray_gives_each_replica_the_batch_bounds_it_was_given",),
+           "--max-batch-tokens never reaches a Ray replica's batcher"),
+    Mutant("remote-token-budget-ignored", REMOTE,
+           "        while self.prepared and rows < batching.max_rows and tokens < budget:",
+           "        while self.prepared and rows < batching.max_rows:",
+           ("tests/test_engine_process.py::test_the_engine_process_holds_a_batch_to_max_batch_tokens",),
+           "the engine process batches past --max-batch-tokens"),
+    Mutant("key-prefix-passes", "laya/auth.py", "hmac.compare_digest(token.strip().encode(), api_key.encode())",
+           "api_key.encode().startswith(token.strip().encode())", ("tests/test_keys.py",),
+           "an empty Bearer token or a strict prefix of the key passes"),
+    Mutant("gate-mean-move", "laya/encoder/gate.py", "return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))",
+           "return max(float(np.mean(np.abs(x - y))) for x, y in zip(a, b))",
+           (f"{GATES}::test_one_option_moving_past_the_bound_fails_though_the_mean_move_is_under_it",),
+           "the drift bound holds the mean move of an answer's probabilities, not each one's"),
+    Mutant("gate-batch-at-drift-bound", "laya/encoder/gate.py", "and batch_dp <= bounds.batch_dependence_max_dp)",
+           "and batch_dp <= bounds.max_dp)",
+           (f"{GATES}::test_a_batch_dependence_between_its_bound_and_the_drift_bound_fails",),
+           "batch dependence held to the 0.05 drift bound, not its own 0.01"),
+    Mutant("packed-act-head-reduced", ROWNET,
+           "        a = self.act\n"
+           "        act = F.linear(F.gelu(F.linear(torch.cat([cls, feats], -1), a[0], a[1])), a[2], a[3])",
+           "        a = [p.to(DTYPES[self.plan.attention]) for p in self.act]\n"
+           "        act = F.linear(F.gelu(F.linear(torch.cat([cls, feats], -1).to(a[0].dtype), a[0], a[1])), a[2],"
+           " a[3]).float()",
+           (f"{AUTO}::test_the_packed_scorer_and_act_head_run_in_fp32_whatever_the_precision",),
+           "the packed runtime's act head runs in the plan's reduced precision"),
+    Mutant("packed-scorer-reduced", ROWNET,
+           "        s = self.scorer\n"
+           "        y = F.linear(F.layer_norm(m, (m.shape[-1],), s[0], s[1], HEAD_EPS), s[2], s[3])",
+           "        s = [p.to(DTYPES[self.plan.attention]) for p in self.scorer]\n"
+           "        y = F.linear(F.layer_norm(m.to(s[0].dtype), (m.shape[-1],), s[0], s[1], HEAD_EPS), s[2], s[3])",
+           (f"{AUTO}::test_the_packed_scorer_and_act_head_run_in_fp32_whatever_the_precision",),
+           "the packed runtime's scorer runs in the plan's reduced precision"),
+    Mutant("bench-picks-forced", "laya/encoder/bench.py", "if not faithful(model) or model.choice is not None:",
+           "if model.choice is not None:",
+           (f"{AUTO}::test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_its_gate",),
+           "laya bench --pick stores a runtime forced past its failed gate"),
+    Mutant("bench-picks-slowest", "laya/encoder/bench.py", "winner = max(speed, key=lambda label: speed[label])",
+           "winner = min(speed, key=lambda label: speed[label])",
+           (f"{AUTO}::test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_its_gate",),
+           "laya bench --pick stores the slowest faithful runtime"),
+    Mutant("orders-confidence-carried", "laya/orders.py", "confidence=choice_confidence(values),",
+           "confidence=readings[0].confidence,",
+           ("tests/test_orders.py::test_an_averaged_answer_has_its_confidence_recomputed_from_the_averaged_probabilities",),
+           "an order-averaged answer keeps the first order's confidence"),
+    Mutant("shortlist-confidence-of-kept", "laya/encoder/shortlist.py",
+           "confidence=choice_confidence(list(probabilities.values()))",
+           "confidence=choice_confidence(list(given.values()))",
+           ("tests/test_shortlist.py::test_a_shortlisted_answers_confidence_is_over_every_option_asked",),
+           "a shortlisted answer's confidence is over the kept options only"),
+    Mutant("digest-names-only", "laya/digests.py",
+           'listing.update(f"{item.relative_to(path).as_posix()}\\t{sha256_of(item)}\\n".encode())',
+           'listing.update(f"{item.relative_to(path).as_posix()}\\n".encode())', ("tests/test_digests.py",),
+           "a folder's digest (a tokenizer's) names its files, not their content"),
+    Mutant("redaction-list-shallow", "laya/redaction.py", "        return [redacted(v) for v in value]",
+           "        return [redact(v) if isinstance(v, str) else v for v in value]",
+           ("tests/test_redaction.py::test_a_pid_or_a_path_inside_a_dict_inside_a_list_is_redacted_too",),
+           "a pid or a path inside a dict inside a list leaves the server"),
+    Mutant("min-confidence-10-in-11", "laya/structured/gate.py", "'6-10' if k <= 10", "'6-10' if k < 10",
+           ("tests/test_structured.py::test_a_choice_is_gated_by_the_bucket_of_its_option_count",),
+           "a choice of exactly 10 options is gated by the 11+ bucket"),
 ]
 # A fixed, fast subset CI runs on every submission (`--ci`); the full run is a command, its last result
 # in docs/mutants.json.
 CI = ("rows-no-cut", "admission-alone-shed", "body-gzip-uncapped", "temps-bucket-3-5", "schema-union-unchecked",
       "values-noul-strict", "plans-unbounded", "surrogate-state", "key-over-plain-http", "answer-uncapped",
-      "health-shows-pids", "gate-batch-ignored", "auto-exact-takes-bf16", "swap-splits-a-batch", "gate-no-headroom")
+      "health-shows-pids", "gate-batch-ignored", "auto-exact-takes-bf16", "key-prefix-passes", "gate-mean-move",
+      "orders-confidence-carried", "shortlist-confidence-of-kept", "digest-names-only", "redaction-list-shallow",
+      "min-confidence-10-in-11", "bench-picks-forced", "swap-splits-a-batch", "gate-no-headroom")
 RECORD = ROOT / "docs" / "mutants.json"
 
 

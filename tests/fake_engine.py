@@ -25,11 +25,25 @@ class Job:
     def n_rows(self) -> int:
         return len(self.states) * len(self.questions)
 
+    @property
+    def n_tokens(self) -> int:
+        """Ten a row, as an encoder counts the tokens its rows read ahead (a batch's token budget)."""
+        return 10 * self.n_rows
+
+
+def spin(cpu_s: float, cancelled: StopFlag) -> None:
+    """Busy for `cpu_s` seconds of this process's CPU time, however long a busy machine makes that."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end and not cancelled.is_set():
+        sum(range(1000))
+
 
 class ScriptedEngine:
     """Answers every noul with 0.5 after `delay` seconds per state (a cancelled job stops between
     states, as the real engines stop between forward passes); the state "boom" raises inside `execute`,
-    and "hang" blocks there forever (a forward pass stuck in a native call)."""
+    and "hang" blocks there forever (a forward pass stuck in a native call); "spin:S" spends S seconds of
+    CPU time there (a slow forward pass: slower still on a busy machine), stopping early when its job is
+    cancelled."""
 
     def __init__(self, name: str = "scripted", delay: float = 0.0):
         self.info = EngineInfo(name, "scripted", "scripted test engine", "2026-01-01")
@@ -62,6 +76,8 @@ class ScriptedEngine:
                     answers = []
                     break
                 time.sleep(self.delay)
+                if isinstance(state, str) and state.startswith("spin:"):
+                    spin(float(state[5:]), job.cancelled)
                 with self.lock:
                     self.executed.append(state)
                 answers.append(SystemOneResponse(self.name, {q.qid: Answer("noul", 0.5) for q in job.questions},

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -69,18 +72,21 @@ class SteadyLoad:
         self.url, self.body, self.path = url, body, path
         self.max_wait_s, self.timeout_s = max_wait_s, timeout_s
         self.outcomes: list[tuple[float, int | str, str | None]] = []
+        self.spans: list[tuple[float, float, int | str]] = []  # (sent, done, status) of every request
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
 
     def _client(self) -> None:
         with httpx.Client(base_url=self.url, timeout=self.timeout_s) as client:
             while not self._stop.is_set():
+                sent = time.monotonic()
                 try:
                     r = client.post(self.path, json=self.body)
                     outcome: tuple = (time.monotonic(), r.status_code, r.headers.get("retry-after"))
                 except httpx.HTTPError as exc:
                     outcome = (time.monotonic(), type(exc).__name__, None)
                 self.outcomes.append(outcome)
+                self.spans.append((sent, outcome[0], outcome[1]))
                 if outcome[1] in (429, 503) and outcome[2]:
                     self._stop.wait(min(self.max_wait_s, float(outcome[2])))
                 elif not isinstance(outcome[1], int):
@@ -101,3 +107,29 @@ class SteadyLoad:
 
     def first_ok_after(self, t0: float) -> float | None:
         return next((o[0] for o in list(self.outcomes) if o[0] > t0 and o[1] == 200), None)
+
+
+class BusyCores:
+    """A busy loop on every core (or `n`), each a process of its own that ends by itself after
+    `seconds` and is killed on leaving: the machine a server meets beside a build or a test run."""
+
+    LOOP = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+
+    def __init__(self, seconds: float = 60.0, n: int | None = None):
+        self.seconds, self.n = seconds, n or os.cpu_count() or 1
+        self.processes: list = []
+
+    def __enter__(self) -> BusyCores:
+        try:
+            for _ in range(self.n):
+                self.processes.append(subprocess.Popen([sys.executable, "-c", self.LOOP, str(self.seconds)]))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for process in self.processes:
+            process.kill()
+        for process in self.processes:
+            process.wait(10)

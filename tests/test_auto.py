@@ -191,6 +191,48 @@ def test_bench_pick_is_stored_and_used_by_auto(checkpoint_dir, capsys, monkeypat
     choice.pick_path(model.checkpoint.fingerprint, PLAIN).unlink()
 
 
+def test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_its_gate(monkeypatch):
+    """Three candidates with faked timings: packed bf16, forced past a failed gate, is the fastest and is
+    never stored; of the two faithful ones the faster (packed fp32) is."""
+    from types import SimpleNamespace
+
+    from laya.encoder import bench
+
+    def fake(precision: str, gate: dict | None) -> SimpleNamespace:
+        return SimpleNamespace(runtime=SimpleNamespace(precision=precision, gate=gate), choice=None,
+                               checkpoint=SimpleNamespace(fingerprint="f" * 64))
+
+    models = {"torch": fake("fp32", None), "packed": fake("fp32", None),
+              "packed:bf16": fake("bf16", {"passed": False, "max_dp": 0.2})}
+    speedups = {"torch": 1.0, "packed": 1.6, "packed:bf16": 3.0}
+    results = [{"runtime": spec, "scenario": s, "speedup": up * f, "median_ms": 10.0 / (up * f)}
+               for spec, up in speedups.items() for s, f in (("short", 1.0), ("long", 1.1))]
+    stored = {}
+    monkeypatch.setattr(choice, "store_pick", lambda fingerprint, name, options, measured, **kw:
+                        stored.update(name=name, options=options, measured=measured) or "the pick")
+    assert bench.store_winner(models, results) == ("packed", "the pick")
+    assert stored["name"] == "packed" and stored["options"] == {"precision": "fp32"}
+    assert "bf16" not in stored["measured"]["summary"]
+
+
+def test_the_packed_scorer_and_act_head_run_in_fp32_whatever_the_precision(checkpoint_dir):
+    """bf16 reduces the encoder's products and the head's attention; the scorer and the act head read
+    the same vectors as fp32 does, with fp32 arithmetic: fed the same inputs, the same logits. (The
+    packed runtime's network under bf16's plan and fp32's, built directly: no gate to measure.)"""
+    from laya.encoder.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(checkpoint_dir)
+    nets = [rownet.RowNet(checkpoint, plan).eval() for plan in (rownet.Plan(), rownet.Plan("bf16", "bf16"))]
+    generator = torch.Generator().manual_seed(7)
+    markers = torch.randn(2, 5, nets[0].d, generator=generator)
+    cls = torch.randn(2, nets[0].d, generator=generator)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    with torch.no_grad():
+        (logits32, act32), (logits16, act16) = (net.score(markers, cls, mask) for net in nets)
+    assert logits16.dtype == act16.dtype == torch.float32
+    assert torch.allclose(logits16, logits32, atol=1e-6, rtol=0) and torch.allclose(act16, act32, atol=1e-6, rtol=0)
+
+
 def test_info_and_health_show_the_choice(checkpoint_dir, capsys, monkeypatch):
     from laya.encoder.engine import EncoderEngine
 

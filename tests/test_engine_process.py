@@ -47,6 +47,40 @@ def test_an_idle_engine_starts_at_once_and_what_queued_meanwhile_runs_together(s
     assert all(t.queue_ms > 50 for _, t in later)  # they waited for the first to finish
 
 
+def test_the_engine_process_holds_a_batch_to_max_batch_tokens():
+    """What queued while the engine was busy runs together up to `--max-batch-tokens` as well as rows:
+    three requests of 10 tokens under a budget of 20 run as two and one."""
+    engine = RemoteEngine(functools.partial(ScriptedEngine, name="tokens", delay=0.25),
+                          batching=Batching(max_tokens=20))
+    try:
+        async def scenario():
+            first = asyncio.ensure_future(engine.submit(engine.prepare(Request.of(["first"], URGENT))))
+            await asyncio.sleep(0.1)
+            later = [asyncio.ensure_future(engine.submit(engine.prepare(Request.of([s], URGENT)))) for s in "abc"]
+            return await first, await asyncio.gather(*later)
+
+        _, later = asyncio.run(scenario())
+    finally:
+        engine.close()
+    assert sorted(t.batch_jobs for _, t in later) == [1, 2, 2]
+
+
+def test_laya_serve_gives_its_engine_processes_the_batch_bounds_it_was_given(monkeypatch):
+    """`--max-batch-tokens` (with `--max-batch-rows` and `--max-wait-ms`) reaches the engine process, where
+    the default `laya serve` batches (its HTTP side passes every job through)."""
+    from laya.cli import main
+    from laya.server import remote
+    from laya.server import serve as serving
+
+    made: dict = {}
+    monkeypatch.delenv("LAYA_API_KEY", raising=False)
+    monkeypatch.setattr(remote, "RemoteEngine", lambda load, batching: made.update(batching=batching))
+    monkeypatch.setattr(serving, "serve", lambda options, **kw: serving.serve_engine(options.models[0], options))
+    assert main(["serve", "-m", "enc=nowhere", "--max-batch-tokens", "512", "--max-batch-rows", "32",
+                 "--max-wait-ms", "2"]) == 0
+    assert made["batching"] == Batching(max_rows=32, max_wait_ms=2.0, max_tokens=512)
+
+
 def test_a_refusal_found_while_running_comes_back_as_itself(slow_remote):
     with pytest.raises(QuestionError, match="refused while running"):
         asyncio.run(slow_remote.submit(slow_remote.prepare(Request.of(["refuse"], URGENT))))

@@ -16,10 +16,13 @@ from scripted_backend import ScriptedBackend
 
 from laya.decide.engine import DecideEngine
 from laya.decide.model import DecideModel, DecideSettings
+from laya.decoding.confidence import choice_confidence
 from laya.encoder.engine import EncoderEngine
 from laya.errors import QuestionError
-from laya.orders import permutations
+from laya.orders import averaged, permutations
+from laya.questions import parse_question
 from laya.request import Request
+from laya.response import Answer
 
 OPTIONS = {"billing": "refunds and charges", "sales": "new plans", "tech": "it does not work", "legal": None}
 STATE = "I was charged twice for one order and nobody answers my emails"
@@ -119,3 +122,16 @@ def test_the_server_takes_the_option_and_a_default(model):
     assert asked["answers"]["t"]["x_order"] == {"mode": "rotate:4", "orders": 4}
     assert "x_order" not in plain["answers"]["t"]
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "x_order"]
+
+
+def test_an_averaged_answer_has_its_confidence_recomputed_from_the_averaged_probabilities():
+    """Not the first order's figure carried over: the confidence of the probabilities the answer shows."""
+    question = parse_question("t", {"type": "choice", "instructions": "Which team?", "criteria": ["a", "b", "c"]})
+    first = {"a": 0.7, "b": 0.2, "c": 0.1}
+    second = {"a": 0.3, "b": 0.6, "c": 0.1}
+    readings = [Answer("choice", max(p, key=p.get), p, choice_confidence(list(p.values())),
+                       answer_confidence=max(p.values())) for p in (first, second)]
+    out = averaged(question, readings, "both")
+    assert out.value == "a" and out.probabilities == pytest.approx({"a": 0.5, "b": 0.4, "c": 0.1})
+    assert out.confidence == pytest.approx(choice_confidence([0.5, 0.4, 0.1])) == pytest.approx(0.25)
+    assert out.answer_confidence == pytest.approx(0.5)

@@ -66,6 +66,26 @@ def test_a_flip_is_a_near_tie_only_under_the_margin(fp32_top, passes):
     assert not fp16["passed"] and judge(reference, reference, reference, "fp16")["passed"]
 
 
+def test_one_option_moving_past_the_bound_fails_though_the_mean_move_is_under_it():
+    """The bound is on any one probability: of three options, the first moving 0.06 fails, though the
+    moves average 0.04."""
+    reference, candidate = [np.array([0.5, 0.3, 0.2])], [np.array([0.44, 0.33, 0.23])]
+    record = judge(reference, candidate, candidate, "bf16")
+    assert record["max_dp"] == pytest.approx(0.06) and not record["passed"], record
+    near = [np.array([0.47, 0.31, 0.22])]  # every move within the bound
+    assert judge(reference, near, near, "bf16")["passed"]
+
+
+def test_a_batch_dependence_between_its_bound_and_the_drift_bound_fails():
+    """A row that answers 0.03 otherwise in company fails: the batch bound is 0.01, not the 0.05 of drift."""
+    alone = [np.array([0.5, 0.3, 0.2])]
+    together = [np.array([0.47, 0.31, 0.22])]
+    record = judge(alone, alone, together, "bf16")
+    assert record["batch_dependence_max_dp"] == pytest.approx(0.03) and record["max_dp"] == 0, record
+    assert not record["passed"]
+    assert judge(alone, alone, [np.array([0.495, 0.3, 0.205])], "bf16")["passed"]
+
+
 def test_batch_dependence_is_measured(adversarial):
     """A candidate whose answer moves with its batch company fails, however close to fp32 alone."""
     checkpoint, reference = adversarial

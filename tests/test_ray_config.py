@@ -68,3 +68,14 @@ def test_the_repository_serve_config_and_kuberay_manifest_are_what_ray_and_laya_
         assert app["import_path"] == "laya.server.ray_app:build"
         built = deployments(application(RayAppConfig.from_args(app["args"])))
         assert {d["name"] for d in app.get("deployments", [])} <= set(built)  # overrides name real deployments
+
+
+def test_laya_serve_ray_gives_each_replica_the_batch_bounds_it_was_given():
+    """`--max-batch-tokens` reaches a replica's batcher, as `--max-batch-rows` and `--max-wait-ms` do."""
+    from laya.server.ray_app import from_options
+    from laya.server.serve import ModelSpec, ServeOptions
+    from laya.server.state import ServerConfig
+
+    server = ServerConfig(max_batch_rows=32, max_batch_tokens=512, max_wait_ms=2)
+    (model,) = from_options(ServeOptions(models=[ModelSpec.parse("enc=nowhere")], server=server)).models
+    assert (model.max_batch_rows, model.max_batch_tokens, model.max_wait_ms) == (32, 512, 2)

@@ -29,3 +29,9 @@ def test_pid_and_path_fields_are_left_out_everywhere():
     out = redacted(health)
     assert out == {"models": {"m": {"source": "ckpt", "status": {"last_death": {"reason": "killed at y"}}}},
                    "load_errors": ["OSError: m.gguf: truncated"]}
+
+
+def test_a_pid_or_a_path_inside_a_dict_inside_a_list_is_redacted_too():
+    health = {"workers": [{"pid": 4242, "path": "/srv/models/m", "note": "loaded /srv/models/m.gguf"},
+                          ("at /home/u/x.py", {"process": 7, "cwd": "/home/u"})]}
+    assert redacted(health) == {"workers": [{"note": "loaded m.gguf"}, ["at x.py", {}]]}

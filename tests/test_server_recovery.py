@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 from fake_engine import ScriptedEngine
-from live_server import LiveServer, SteadyLoad
+from live_server import BusyCores, LiveServer, SteadyLoad
 
 from laya.server.app import TIMEOUT_HEADER, ServerConfig, create_app
 from laya.server.remote import RemoteEngine, RestartPolicy
@@ -93,6 +93,103 @@ def two_models_hang():
     remote.close()
 
 
+@pytest.fixture
+def busy_cores():
+    """A busy loop on every core, for a minute at most, ended with the test whatever happens."""
+    with BusyCores(seconds=60.0) as busy:
+        yield busy
+
+
+def health_of(url: str, model: str = "remote") -> dict:
+    return httpx.get(url + "/health", timeout=10).json()["models"][model]["status"]
+
+
+@pytest.mark.slow
+def test_a_slow_engine_on_busy_cores_is_left_to_work_and_a_stopped_one_is_restarted(busy_cores):
+    """A busy machine stretches every forward pass; an engine that is working (consuming CPU) is not hung,
+    however long it takes. The first, cold request spends 1.5 CPU seconds with every core busy: over the
+    1 s an idle machine's figures allow, answered, no restart. An engine stopped under a request (SIGSTOP:
+    alive, consuming nothing) is still hung: killed, and the request answered by the new process."""
+    remote = scripted_remote(policy=RestartPolicy(backoff_s=(0.1, 0.2), max_deaths=5, window_s=60.0, hang_min_s=1.0))
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        began = time.monotonic()
+        r = post(live.url, {"state": "spin:1.5", "questions": {"u": URGENT}})
+        took = time.monotonic() - began
+        assert r.status_code == 200, r.text
+        assert took > remote.policy.hang_min_s  # it did take longer than the idle machine's bound
+        assert remote.restarts == 0 and health_of(live.url)["state"] == "ready"
+        print(f"busy cores: the cold 1.5 CPU s request took {took:.1f} s; restarts {remote.restarts}")
+
+        result: dict = {}
+        asker = threading.Thread(target=lambda: result.update(r=post(
+            live.url, {"state": "spin:0.5", "questions": {"u": URGENT}}, headers={TIMEOUT_HEADER: "20"})))
+        asker.start()
+        wait_until(lambda: remote._link.busy()[0], 10.0)
+        stopped = remote.pid
+        os.kill(stopped, signal.SIGSTOP)
+        asker.join(60)
+        assert result["r"].status_code == 200, result["r"].text
+        status = health_of(live.url)
+        assert status["restarts"] == 1 and "consumed no CPU" in status["last_death"]["reason"], status
+        print(f"busy cores: the stopped engine was restarted and its request answered in "
+              f"{time.monotonic() - began - took:.1f} s")
+    remote.close()
+
+
+@pytest.mark.slow
+def test_a_spinning_engine_is_restarted_and_a_replacement_as_slow_is_left_to_work():
+    """A process that spends CPU past what its work needs (a native loop that never ends) is killed; when
+    its replacement spends as much on the same request the machine is slow, not the process stuck:
+    no second restart (never a loop), /health says so, and the request ends at its deadline."""
+    remote = scripted_remote(policy=RestartPolicy(backoff_s=(0.1,), max_deaths=5, window_s=60.0, hang_cpu_s=0.5))
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        r = post(live.url, {"state": "spin:600", "questions": {"u": URGENT}}, headers={TIMEOUT_HEADER: "12"})
+        assert r.status_code == 504, r.text
+        status = health_of(live.url)
+        assert status["restarts"] == 1 and "CPU s on a batch" in status["last_death"]["reason"], status
+        assert "the machine is slow" in status["slow"]["note"], status
+        assert status["state"] == "ready" and post(live.url).status_code == 200
+    remote.close()
+
+
+@pytest.mark.slow
+def test_a_request_after_the_engine_idled_past_the_hang_bound_is_answered_without_a_restart():
+    """Silence counts from when work reaches an idle process, not from its last answer."""
+    remote = scripted_remote(delay=0.8, policy=RestartPolicy(backoff_s=(0.1,), max_deaths=5, window_s=60.0,
+                                                             hang_min_s=1.5))
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        assert post(live.url).status_code == 200
+        time.sleep(2.5)  # idle, longer than the bound
+        assert post(live.url).status_code == 200
+        assert remote.restarts == 0
+    remote.close()
+
+
+@pytest.mark.slow
+def test_an_engine_killed_under_load_on_busy_cores_loses_no_request(busy_cores):
+    """SIGKILL under 4 steady clients with every core busy: every request in flight at the death is run
+    again on the new process and answered; the others are answered or told when to come back."""
+    remote = scripted_remote()
+    body = {"state": "spin:0.02", "questions": {"u": URGENT}}
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        with SteadyLoad(live.url, body, clients=4) as load:
+            time.sleep(1.0)
+            killed = time.monotonic()
+            os.kill(remote.pid, signal.SIGKILL)
+            wait_until(lambda: load.first_ok_after(killed + 0.05), 60.0)
+            back = load.first_ok_after(killed + 0.05) - killed
+            time.sleep(1.0)
+        spans = list(load.spans)
+    remote.close()
+    bad = [s for s in spans if s[2] != 200 and s[2] != 503]
+    assert not bad, bad[:5]
+    caught = [s for s in spans if s[0] < killed < s[1]]
+    assert caught and all(s[2] == 200 for s in caught), caught
+    assert remote.restarts == 1
+    print(f"busy cores: back {back:.1f} s after the kill; {len(caught)} caught in flight, all answered; "
+          f"{sum(s[2] == 200 for s in spans)} answered, {sum(s[2] == 503 for s in spans)} 503 of {len(spans)}")
+
+
 def test_a_killed_engine_process_is_unready_at_once_answers_503_and_comes_back(two_models):
     live, remote = two_models
     assert post(live.url).status_code == 200
@@ -137,6 +234,23 @@ def test_a_request_in_flight_when_its_process_dies_is_run_again_on_the_new_one()
         assert [x["answers"]["u"]["noul"] for x in r.json()["results"]] == [0.5, 0.5]
         assert remote.restarts == 1
         assert metric(live.url, 'laya_engine_unavailable_total{model="remote"}') == 0
+    remote.close()
+
+
+@pytest.mark.slow
+def test_a_request_caught_by_a_death_waits_for_a_slow_restart_up_to_its_deadline():
+    """A restart slower than `retry_wait_s` (as on a busy machine, where loading takes a minute) still
+    answers the request caught by the death, if it is up within the request's deadline."""
+    remote = scripted_remote(delay=0.6, policy=RestartPolicy(backoff_s=(1.5,), max_deaths=3, retry_wait_s=0.5))
+    with LiveServer(create_app(lambda: [remote], ServerConfig(max_wait_ms=1))) as live:
+        result: dict = {}
+        asker = threading.Thread(target=lambda: result.update(r=post(live.url, headers={TIMEOUT_HEADER: "20"})))
+        asker.start()
+        wait_until(lambda: remote._link.busy()[0], 10.0)
+        os.kill(remote.pid, signal.SIGKILL)
+        asker.join(30)
+        assert result["r"].status_code == 200, result["r"].text
+        assert remote.restarts == 1
     remote.close()
 
 

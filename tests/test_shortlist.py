@@ -15,7 +15,9 @@ from conftest import load_quiet, need
 from live_server import LiveServer
 
 import laya
-from laya.encoder.shortlist import cached_embed_fn, option_text, query_text, shortlist_choice
+from laya.decoding.confidence import choice_confidence
+from laya.encoder.shortlist import cached_embed_fn, option_text, query_text, shortlist_choice, widened
+from laya.response import Answer
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = json.loads((GOLDEN / "shortlist.json").read_text(encoding="utf-8"))
@@ -143,3 +145,14 @@ def test_a_chat_model_refuses_a_shortlist():
     engine = DecideEngine(DecideModel(ScriptedBackend(n_ctx=4000), "scripted"))
     with pytest.raises(QuestionError, match="x_shortlist"):
         engine.prepare(Request.of(["x"], {"t": {"type": "choice", "criteria": ["a", "b", "c"], "x_shortlist": 2}}))
+
+
+def test_a_shortlisted_answers_confidence_is_over_every_option_asked():
+    """Two of four options kept: the answer lists all four (the eliminated at 0), and its confidence is
+    over the four, not over the two the model read."""
+    kept = Answer("choice", "b", {"b": 0.8, "d": 0.2}, choice_confidence([0.8, 0.2]), answer_confidence=0.8)
+    out = widened(kept, {"kept": ["b", "d"], "k": 2, "n": 4}, ["a", "b", "c", "d"])
+    assert out.probabilities == {"a": 0.0, "b": 0.8, "c": 0.0, "d": 0.2}
+    assert out.confidence == pytest.approx(choice_confidence([0.0, 0.8, 0.0, 0.2]))
+    assert out.confidence == pytest.approx((0.8 - 0.25) / 0.75)
+    assert out.extras["x_shortlist"]["n"] == 4

@@ -100,6 +100,18 @@ def test_the_gate_by_bucket():
     assert "x_low_confidence" not in c and c["x_abstention"] == "passed"
 
 
+@pytest.mark.parametrize(("n", "bucket"), [(5, "choice:3-5"), (6, "choice:6-10"), (10, "choice:6-10"),
+                                         (11, "choice:11+")])
+def test_a_choice_is_gated_by_the_bucket_of_its_option_count(n, bucket):
+    """Each bucket holds both its ends: exactly 10 options is `choice:6-10`, not `11+`."""
+    top = 0.5
+    probabilities = {f"o{i}": (top if i == 0 else (1 - top) / (n - 1)) for i in range(n)}
+    response = {"answers": {"c": {"type": "choice", "probabilities": probabilities, "x_answer_confidence": top}}}
+    apply_gate([response], {bucket: 0.6, "default": 0.1})
+    c = response["answers"]["c"]
+    assert c["x_abstention_threshold"] == 0.6 and c["x_abstention"] == "abstained", (n, c)
+
+
 def _response(p_yes: float, top: float) -> SystemOneResponse:
     return SystemOneResponse("m", {"n": Answer("noul", p_yes, answer_confidence=max(p_yes, 1 - p_yes)),
                                    "c": Answer("choice", "a", {"a": top, "b": 1 - top}, 0.0, answer_confidence=top)},

@@ -72,6 +72,7 @@ class ModelConfig:
     num_cpus: float | None = None
     max_wait_ms: float = 0.0  # how long a batch waits for company inside a replica (0: it never waits idle)
     max_batch_rows: int = 64
+    max_batch_tokens: int | None = None  # a batch's token budget too (a GPU's pass), None: rows only
 
     @property
     def deployment(self) -> str:
@@ -159,7 +160,8 @@ class ModelReplica:
         refuses: Serve bounds what reaches a replica (`max_ongoing_requests`), the ingress the rest."""
         if self._batcher is None:
             self._batcher = MicroBatcher(self.engine, max_wait_ms=self.model.max_wait_ms,
-                                         max_rows=self.model.max_batch_rows, max_pending_rows=2**62)
+                                         max_rows=self.model.max_batch_rows, max_pending_rows=2**62,
+                                         max_tokens=self.model.max_batch_tokens)
             self._batcher.start()
         return self._batcher
 
@@ -464,5 +466,6 @@ def from_options(options: ServeOptions, *, replicas: int = 1, max_ongoing_reques
                                   readout=spec.readout or options.readout, num_replicas=replicas,
                                   autoscaling=autoscaling, max_ongoing_requests=max_ongoing_requests,
                                   max_wait_ms=options.server.max_wait_ms,
-                                  max_batch_rows=options.server.max_batch_rows))
+                                  max_batch_rows=options.server.max_batch_rows,
+                                  max_batch_tokens=options.server.max_batch_tokens))
     return RayAppConfig(models=models, server=options.server)

@@ -32,6 +32,13 @@ backoff (0.5 s, 1 s, 2 s, ...), warmed up, and put in service. A request that wa
 when its process died is sent once more to the new process (System One requests are idempotent), if
 that is up before the request's deadline; else it gets the 503. A model that keeps dying
 (`RestartPolicy.max_deaths` times within `window_s`) stays down, with its reason in /health.
+
+A hang is told by progress, not by wall time (`laya.server.progress`): a process with work
+outstanding that consumes no CPU and answers nothing for `hang_min_s` is hung (stopped, deadlocked,
+stuck waiting in a native call); one that spends more CPU on a batch than its units (tokens, else
+rows) need at its measured speed, `hang_factor` times over (and at least `hang_cpu_s`), is spinning.
+Either is killed and restarted; a slow one, on a busy machine, is left to work. A replacement found
+spinning like the process it replaced is not killed again: the machine is slow, /health says so.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.batcher import Unavailable, run_together
 from laya.server.pipe import Pipe, on_loop, own_loop, pickled
+from laya.server.progress import BOARD_SLOTS, SLOW_SHARE, Bounds, Watch, WorkBoard
 from laya.stop import StopFlag, after
 
 log = logging.getLogger("laya.server")
@@ -81,7 +89,7 @@ class EngineDied(RemoteFailure):
 
 
 HANG_CHECK_S = 0.5  # how often the watchdog looks for a hung engine process
-DEFAULT_ROW_S = 0.1  # the seconds a row is allowed before the first reply is measured
+DEFAULT_ROW_S = 0.1  # where CPU time cannot be read: the seconds a row is allowed before one is measured
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,18 @@ class RestartPolicy:
     max_deaths: int = 5  # deaths within `window_s` after which the model stays down
     window_s: float = 60.0
     start_timeout_s: float = 600.0  # a new process must load and warm up within this
-    retry_wait_s: float = 60.0  # longest a job caught by a death waits for the new process (and its deadline)
-    # A process with work outstanding that answers nothing for longer than `hang_factor` times what its
-    # measured speed needs for that work (and at least `hang_min_s`) is hung: killed and restarted.
+    # Longest a job with no deadline, caught by a death, waits for the new process. One with a deadline (every
+    # request the server admits) waits up to its deadline: on a busy machine a restart can take longer than a
+    # fixed bound, and a 503 before the deadline drops what the new process would have answered.
+    retry_wait_s: float = 60.0
+    # A process with work outstanding that consumes no CPU and answers nothing for `hang_min_s` is hung;
+    # so is one that spends more CPU seconds on a batch than `hang_factor` times what the batch's units
+    # need at its measured speed (and at least `hang_cpu_s`): killed and restarted (`laya.server.progress`).
+    # Where CPU time cannot be read (not Linux): silent for `hang_factor` times what its measured wall
+    # time a row needs for that work, and at least `hang_min_s`.
     hang_min_s: float = 10.0
     hang_factor: float = 10.0
+    hang_cpu_s: float = 60.0
 
 
 def _now_iso() -> str:
@@ -118,8 +133,11 @@ class _Link:
     on it, and the board their cancels are written on."""
 
     def __init__(self, process: Any, conn: Any, generation: int, on_exit: Any, board: Any,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, work: Any = None):
         self.process, self.generation, self.board = process, generation, board
+        self.work = work if work is not None else [0.0] * BOARD_SLOTS  # what it runs now (`WorkBoard`)
+        self.watch = Watch(process.pid)  # its progress, as the watchdog sees it
+        self.spared = False  # found spinning, and left to work (the machine is slow)
         self.instance = secrets.token_hex(4)  # names this start of the process in answers (never its pid)
         self.waiting: dict[int, Future | asyncio.Future] = {}
         self.lock = threading.Lock()
@@ -167,6 +185,11 @@ class _Link:
         with self.lock:
             rows = sum(r for r, _ in self.sent.values())
             return rows, (time.monotonic() - self.last_heard) if rows else 0.0
+
+    def heard(self) -> float:
+        """When it last replied, or was given work while idle (monotonic)."""
+        with self.lock:
+            return self.last_heard
 
     def send_run(self, rid: int, job: RemoteJob) -> None:
         """Send `job` as request `rid`. From the pipe's loop its questions and limits go as a slot number
@@ -332,10 +355,11 @@ class RemoteJob:
 @dataclass(frozen=True)
 class Batching:
     """How the engine process coalesces what queued while it was busy (`laya serve`'s
-    `--max-batch-rows` and `--max-wait-ms`)."""
+    `--max-batch-rows`, `--max-batch-tokens` and `--max-wait-ms`)."""
 
     max_rows: int = 64
     max_wait_ms: float = 0.0
+    max_tokens: int | None = None  # a batch's token budget too (a GPU's pass is sized by tokens), None: rows only
 
 
 class RemoteEngine:
@@ -360,6 +384,8 @@ class RemoteEngine:
         self.last_death: dict[str, Any] | None = None
         self._restart_at = 0.0  # monotonic time the pending restart starts
         self._row_s: deque[float] = deque([DEFAULT_ROW_S], maxlen=64)  # seconds a row took, lately
+        self._spun = -1  # the generation last killed for spinning (its replacement is not, for the same)
+        self.slow: dict[str, Any] | None = None  # the machine is slow: said in /health
         self._loop = own_loop()  # where replies are read until the server serves it on its own
         self._restarts: queue.SimpleQueue[float | None] = queue.SimpleQueue()  # delays, None to stop
         began = time.monotonic()
@@ -381,8 +407,9 @@ class RemoteEngine:
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe(duplex=True)
         board = ctx.RawArray("q", CANCEL_SLOTS)
-        process = ctx.Process(target=_serve_engine, args=(child, self._load, self.batching, board), daemon=True,
-                              name="laya-engine")
+        work = ctx.RawArray("d", BOARD_SLOTS)
+        process = ctx.Process(target=_serve_engine, args=(child, self._load, self.batching, board, work),
+                              daemon=True, name="laya-engine")
         process.start()
         child.close()
         try:
@@ -399,7 +426,7 @@ class RemoteEngine:
             raise payload if isinstance(payload, BaseException) else RemoteFailure(str(payload))
         with self._lock:
             loop = self._loop
-        link = _Link(process, conn, next(self._generation), self._on_exit, board, loop)
+        link = _Link(process, conn, next(self._generation), self._on_exit, board, loop, work)
         link.on_speed = self._row_s.append
         link.on_describe = self._described
         return link, payload
@@ -439,7 +466,8 @@ class RemoteEngine:
 
     def _watchdog(self) -> None:
         """Death is told by the pipe's end; a hang is not: an engine process stuck in a forward pass or a
-        native call stays alive with its work outstanding. Checked every `HANG_CHECK_S`."""
+        native call stays alive with its work outstanding. Checked every `HANG_CHECK_S`, only on a
+        process in service (one that loads is the restarter's, bounded by `start_timeout_s`)."""
         while not self._closing:
             time.sleep(HANG_CHECK_S)
             with self._lock:
@@ -451,13 +479,30 @@ class RemoteEngine:
                     link.process.kill()
 
     def hung(self, link: _Link) -> str:
-        """Why `link`'s process counts as hung now, or "" (its silence within what its speed allows)."""
+        """Why `link`'s process counts as hung now, or "" (it is idle, or making progress)."""
         rows, silent = link.busy()
-        bound = max(self.policy.hang_min_s, self.policy.hang_factor * rows * max(self._row_s))
-        if rows and silent > bound:
-            return (f"it answered nothing for {silent:.1f} s with {rows} rows of work, over the {bound:.1f} s its "
-                    "measured speed allows")
-        return ""
+        if not link.watch.readable:  # no CPU time to read here: silence against the measured wall speed
+            bound = max(self.policy.hang_min_s, self.policy.hang_factor * rows * max(self._row_s))
+            if rows and silent > bound:
+                return (f"it answered nothing for {silent:.1f} s with {rows} rows of work, over the {bound:.1f} s "
+                        "its measured speed allows")
+            return ""
+        bounds = Bounds(self.policy.hang_min_s, self.policy.hang_cpu_s, self.policy.hang_factor)
+        verdict = link.watch.look(bool(rows), link.heard(), link.work, bounds)
+        if verdict is None or (verdict.kind == "spinning" and link.spared):
+            return ""
+        if verdict.kind == "spinning":
+            with self._lock:
+                again = self._spun == link.generation - 1
+                self._spun = link.generation
+            if again:  # the replacement spends as much: a slow machine, not a stuck process
+                link.spared = True
+                self.slow = {"since": _now_iso(), "note": f"the engine process {verdict.why}, as the one it "
+                             "replaced did: the machine is slow, so it is left to work"}
+                log.warning("the engine process of %s %s, as the one it replaced did: the machine is slow, so it "
+                            "is left to work", self.info.name, verdict.why)
+                return ""
+        return verdict.why
 
     def _restart(self, delay: float) -> None:
         time.sleep(delay)
@@ -527,8 +572,8 @@ class RemoteEngine:
 
     async def submit(self, job: RemoteJob) -> tuple[list[SystemOneResponse], Timing]:
         """The job's answers from the engine process, in one round trip. A job whose process dies
-        under it is sent once more to the new one, if that is up within the job's deadline (a second
-        death: the 503, not a third process)."""
+        under it is sent once more to the new one, if that is up within the job's deadline (however long
+        a busy machine makes the restart; a second death: the 503, not a third process)."""
         link = self._link_now()
         for attempt in (1, 2):
             try:
@@ -537,7 +582,7 @@ class RemoteEngine:
                 if attempt == 2 or job.cancelled.is_set():
                     raise self._unavailable() from None
             left = job.cancelled.remaining()
-            await self._restarted(max(0.0, min(self.policy.retry_wait_s, math.inf if left is None else left)))
+            await self._restarted(max(0.0, self.policy.retry_wait_s if left is None else left))
             link = self._link_now()
         raise AssertionError("unreachable")
 
@@ -585,6 +630,12 @@ class RemoteEngine:
             out["retry_after_s"] = self.retry_after()
         if self.last_death:
             out["last_death"] = self.last_death
+        share = self._link.watch.share
+        if self.slow:
+            out["slow"] = self.slow
+        elif share is not None and share < SLOW_SHARE:
+            out["slow"] = {"note": f"while working, the engine process got {share:.0%} of a core: the machine is "
+                                   "busy, so answers are slow (it is working, not hung)"}
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -615,7 +666,7 @@ def name_this_process(name: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def _serve_engine(conn, load, batching: Batching, board) -> None:
+def _serve_engine(conn, load, batching: Batching, board, work=None) -> None:
     """The engine process: load, warm up, then serve `run` and `plan` until the pipe closes."""
     try:
         engine = load()
@@ -630,7 +681,7 @@ def _serve_engine(conn, load, batching: Batching, board) -> None:
         conn.send(("ready", 0, (engine.info, engine.describe())))
     except OSError:  # the server went away while this process loaded
         return
-    served = _Served(engine, conn, board)
+    served = _Served(engine, conn, board, work)
     engine.on_change(lambda: served.reply("describe", 0, engine.describe()))
     served.serve(batching)
 
@@ -641,6 +692,7 @@ class _Queued:
     job: Any
     rows: int
     queued: float  # when it was sent, on time.monotonic()
+    tokens: int = 0  # the tokens its rows read, where its engine counts them ahead (an encoder's)
 
 
 class _Served:
@@ -649,8 +701,9 @@ class _Served:
     preparing thread, which wakes it when done) and runs what is prepared. No other thread stands
     between a request and its forward pass, and none wakes up during one."""
 
-    def __init__(self, engine: Any, conn: Any, board: Any):
+    def __init__(self, engine: Any, conn: Any, board: Any, work: Any = None):
         self.engine, self.conn, self.board = engine, conn, board
+        self.work = WorkBoard(work if work is not None else [0.0] * BOARD_SLOTS)  # what the watchdog reads
         self.prepared: deque[_Queued] = deque()
         self.kept: dict[int, tuple[tuple, Options, Limits]] = {}  # slot -> questions, options, limits as sent
         self.aside: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()  # from the preparing thread
@@ -683,7 +736,7 @@ class _Served:
             self.reply("err", rid, portable(exc))
             return None
         job.cancelled = _Watched(job.cancelled.deadline, self.board, rid)
-        return _Queued(rid, job, job.n_rows, min(sent, time.monotonic()))
+        return _Queued(rid, job, job.n_rows, min(sent, time.monotonic()), int(getattr(job, "n_tokens", 0) or 0))
 
     def prepare_aside(self, rid: int, payload: Any) -> None:
         self.aside.put(self.prepare(rid, payload))
@@ -722,8 +775,8 @@ class _Served:
                     self.prepared.append(item)
 
     def take(self, batching: Batching) -> list[_Queued]:
-        """What is prepared, in arrival order, up to `max_rows` rows (at least one job; waiting
-        `max_wait_ms` for company when asked to)."""
+        """What is prepared, in arrival order, up to `max_rows` rows and `max_tokens` tokens (at least
+        one job; waiting `max_wait_ms` for company when asked to)."""
         if batching.max_wait_ms > 0:  # else no wait at all: what is prepared goes now
             deadline = time.perf_counter() + batching.max_wait_ms / 1000.0
             while self.open and sum(item.rows for item in self.prepared) < batching.max_rows:
@@ -732,11 +785,12 @@ class _Served:
                     break
                 self.read(left)
         batch = [self.prepared.popleft()]
-        rows = batch[0].rows
-        while self.prepared and rows < batching.max_rows:
+        rows, tokens = batch[0].rows, batch[0].tokens
+        budget = math.inf if batching.max_tokens is None else batching.max_tokens
+        while self.prepared and rows < batching.max_rows and tokens < budget:
             item = self.prepared.popleft()
             batch.append(item)
-            rows += item.rows
+            rows, tokens = rows + item.rows, tokens + item.tokens
         return batch
 
     def serve(self, batching: Batching) -> None:
@@ -749,7 +803,9 @@ class _Served:
     def run(self, batch: list[_Queued]) -> None:
         started, began = time.perf_counter(), time.monotonic()
         live = [item for item in batch if not item.job.cancelled.is_set()]
+        units, began_cpu = self.work.begin(item.job for item in live)
         outcomes = run_together(self.engine, [item.job for item in live]) if live else []
+        self.work.end(units, began_cpu)
         seconds = time.perf_counter() - started
         rows = sum(item.rows for item in live)
         done = dict(zip(map(id, live), outcomes))

@@ -102,7 +102,8 @@ def serve_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = F
         return load_engine(spec, options, local_only=local_only)
     from laya.server.remote import Batching, RemoteEngine
 
-    batching = Batching(max_rows=options.server.max_batch_rows, max_wait_ms=options.server.max_wait_ms)
+    batching = Batching(max_rows=options.server.max_batch_rows, max_wait_ms=options.server.max_wait_ms,
+                        max_tokens=options.server.max_batch_tokens)
     return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only), batching=batching)
 
 
