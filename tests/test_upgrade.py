@@ -122,9 +122,11 @@ import sys
 from laya.encoder import upgrade
 from laya.encoder.checkpoint import load_checkpoint
 
-def command(self):  # the pick stored after a few seconds, as `laya prepare` would store it
+def command(self):  # the pick stored once the test says go (a file appears), as `laya prepare` would store it
     fingerprint = load_checkpoint(self.checkpoint.path).fingerprint
-    return [sys.executable, "-c", "import time; time.sleep(4)\\n" + STORE_A_PICK, fingerprint]
+    wait = "import os, time\\nwhile not os.path.exists(sys.argv[2]): time.sleep(0.1)\\n"
+    return [sys.executable, "-c", STORE_A_PICK.replace("import sys\\n", "import sys\\n" + wait), fingerprint,
+            {go!r}]
 
 STORE_A_PICK = {store!r}
 upgrade.Upgrade.command = command
@@ -139,7 +141,8 @@ def test_a_server_answers_while_it_upgrades_and_says_so(checkpoint_dir, tmp_path
     real one compiles for minutes; tests/test_upgrade.py's other tests and the benchmark run it.)"""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(FAKE_PREPARE.format(store=STORE_A_PICK))
+    go = tmp_path / "go"
+    (site / "sitecustomize.py").write_text(FAKE_PREPARE.format(store=STORE_A_PICK, go=str(go)))
     port = free_port()
     env = {**os.environ, auto.MEASURE_ENV: "1", BACKGROUND_ENV: "1", "LAYA_CACHE": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -158,6 +161,7 @@ def test_a_server_answers_while_it_upgrades_and_says_so(checkpoint_dir, tmp_path
             seen.append((upgrade["state"], r.json()["x_precision"]))
             if upgrade["state"] != "preparing":
                 break
+            go.touch()  # answered while preparing: now let the preparation end
             time.sleep(0.5)
         assert seen[0] == ("preparing", "fp32") and seen[-1][0] == "swapped", seen
         health = httpx.get(url + "/health").json()
