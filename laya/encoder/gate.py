@@ -160,8 +160,10 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
     batches: dict[int, list[int]] = {}
     for i, (_, row, _) in enumerate(triples):
         batches.setdefault(padded_length(len(row.ids)), []).append(i)
-    together_groups = [members[k : k + TOGETHER] for members in batches.values()
-                       for k in range(0, len(members), TOGETHER)]
+    # batch dependence is a property of how a runtime batches rows of one length, not of what they say:
+    # one full batch per padded length measures it, at a fraction of a pass over every row
+    together_groups = [members[:TOGETHER] for members in batches.values()]
+    every_row = [[i] for i in range(len(triples))]
 
     def answers(forward: Forward, groups: list[list[int]], rows: list[tuple[Question, Row, str]] = triples
                 ) -> list[np.ndarray]:
@@ -174,12 +176,15 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
                                        temps.for_question(question.qtype, question.n_options))
         return out
 
-    alone_groups = [[i] for i in range(len(triples))]
-    alone = answers(candidate, alone_groups)
-    record = judge(_reference_answers(checkpoint, reference, lambda: answers(reference, together_groups)), alone,
-                   answers(candidate, together_groups), precision, kinds=[kind for _, _, kind in triples])
+    alone = answers(candidate, every_row)
+    batched = [i for group in together_groups for i in group]
+    together = answers(candidate, together_groups)
+    record = judge(_reference_answers(checkpoint, reference, lambda: answers(reference, every_row)), alone,
+                   [together[i] for i in batched], precision, kinds=[kind for _, _, kind in triples],
+                   batched=batched)
     for name, forward in (extra or {}).items():
-        record[f"{name}_max_dp"] = round(_worst(answers(forward, together_groups), alone), 6)
+        found = answers(forward, together_groups)
+        record[f"{name}_max_dp"] = round(_worst([found[i] for i in batched], [alone[i] for i in batched]), 6)
     if held_out:
         each = [[i] for i in range(len(held_out))]
         unseen = judge(answers(reference, each, held_out), answers(candidate, each, held_out),
@@ -207,12 +212,15 @@ def _reference_answers(checkpoint: Checkpoint, reference: Forward, compute: Call
 
 
 def judge(reference: list[np.ndarray], alone: list[np.ndarray], together: list[np.ndarray],
-          precision: str, kinds: list[str] | None = None) -> dict[str, Any]:
-    """The gate's record of a candidate's answers (each row alone, and all together) against fp32's:
-    judged by the gate's bounds (`BOUNDS`, inside the envelope), with the envelope it keeps for inputs it
-    never saw, and the largest move per input kind where the rows' kinds are given."""
+          precision: str, kinds: list[str] | None = None, batched: list[int] | None = None) -> dict[str, Any]:
+    """The gate's record of a candidate's answers (each row alone, and inside full batches) against
+    fp32's: judged by the gate's bounds (`BOUNDS`, inside the envelope), with the envelope it keeps for
+    inputs it never saw, and the largest move per input kind where the rows' kinds are given.
+    `together[j]` is row `batched[j]` run inside a batch (default: every row, in order)."""
     bounds = BOUNDS[precision]
-    max_dp, batch_dp = _worst(reference, alone), (_worst(together, alone) if together else 0.0)
+    batched = list(range(len(together))) if batched is None else batched
+    max_dp = _worst(reference, alone)
+    batch_dp = _worst(together, [alone[i] for i in batched]) if together else 0.0
     agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(reference, alone)) / len(reference)
     flipped = max((_margin(a) for a, b in zip(reference, alone) if np.argmax(a) != np.argmax(b)), default=0.0)
     record = {

@@ -87,7 +87,7 @@ def cases(tok: Tokenizer, max_len: int, fits: Callable[[Any, dict[str, Any]], bo
     rng = random.Random(1234)
     tokens_per_word = max(1, len(tok.encode(_text(random.Random(0), 64))) // 64)
     row_words = max(8, max_len // tokens_per_word)
-    lengths = [3, row_words // 8, row_words // 3, row_words // 2, row_words]
+    lengths = [3, row_words // 8, row_words // 3, row_words]
     out: list[Case] = []
     for i, n_words in enumerate(lengths):
         out.append(Case("text", _text(rng, n_words), _mixed(rng, i)))
@@ -103,7 +103,7 @@ def cases(tok: Tokenizer, max_len: int, fits: Callable[[Any, dict[str, Any]], bo
     out.append(Case("conversation", conversation, _mixed(rng, 8)))
     out.append(Case("conversation", [{"role": "user", "content": SCRIPTS[2]}], {"n": _noul(rng)}))
     for k, text in enumerate(SCRIPTS):
-        state = " ".join([text] * (1 + k * max(1, row_words // 60)))
+        state = " ".join([text] * (1 + k * max(1, row_words // 200)))  # a few lines up to half a row
         questions = ({"c": _choice(rng, 3 + k % 5), "n": _noul(rng)} if k % 2 else
                      {"c": {"type": "choice", "instructions": SCRIPTS[(k + 1) % len(SCRIPTS)],
                             "criteria": {"חיוב": SCRIPTS[k][:20], "支持": None, "Продажи": SCRIPTS[-1][:30]}}})
