@@ -169,23 +169,25 @@ def serve(model: str, log) -> tuple[subprocess.Popen, str]:
 
 
 def longest_state(url: str, text: str, question: dict) -> str:
-    """The longest state (in words of `text`) the model reads with `question` without refusing it."""
+    """The longest state (in words of `text`) a chat model reads with `question` in one prompt: its
+    context all but full (a longer one plays the choice as a tournament of groups, or is refused)."""
     words = text.split()
-    low, high = 1, 1
-    while True:  # grow until refused (or past any context)
-        state = " ".join((words * (1 + high // len(words)))[:high])
-        plan = httpx.post(url + "/v1/systemone/plan", json={"state": state, "questions": {"q": question}},
+
+    def state(n: int) -> str:
+        return " ".join((words * (1 + n // len(words)))[:n])
+
+    def whole(n: int) -> bool:
+        plan = httpx.post(url + "/v1/systemone/plan", json={"state": state(n), "questions": {"q": question}},
                           timeout=120).json()
-        if plan["refused"] is not None or high > 40000:
-            break
+        return plan["refused"] is None and plan["states"][0]["decisions"] == 1
+
+    low, high = 1, 64
+    while whole(high):
         low, high = high, high * 2
     while low + 1 < high:
         mid = (low + high) // 2
-        state = " ".join((words * (1 + mid // len(words)))[:mid])
-        plan = httpx.post(url + "/v1/systemone/plan", json={"state": state, "questions": {"q": question}},
-                          timeout=120).json()
-        low, high = (mid, high) if plan["refused"] is None else (low, mid)
-    return " ".join((words * (1 + low // len(words)))[:low])
+        low, high = (mid, high) if whole(mid) else (low, mid)
+    return state(low)
 
 
 @pytest.mark.slow

@@ -183,7 +183,7 @@ class Context:
         if not self.config.deadline_follows_work or request.headers.get(TIMEOUT_HEADER) is not None:
             return deadline, budget, ""
         speed = self.speed(name)
-        allowed = math.ceil(work_s(req, speed, self.config.limits))
+        allowed = math.ceil(work_s(req, speed, self.config.limits)) if speed else 0
         if allowed <= budget:
             return deadline, budget, ""
         return deadline + allowed - budget, allowed, describe_work(req, speed, self.config.limits)

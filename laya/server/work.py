@@ -32,7 +32,7 @@ from typing import Any
 from laya.limits import Limits
 from laya.orders import permutations
 from laya.questions import Question
-from laya.request import Request, Scan
+from laya.request import AS_GIVEN, Request, Scan
 from laya.tournament import DEFAULT_GROUP, tournament_rows
 
 WORK_FACTOR = 4.0  # the allowance over the measured bound: the machine may be busier than at warm-up
@@ -48,6 +48,8 @@ def _bytes(value: Any) -> int:
 
 def _orders(request: Request) -> int:
     """How many times the request's choices are read (`x_order`)."""
+    if request.options.order == AS_GIVEN:
+        return 1
     widest = max((q.n_options for q in request.questions if q.qtype == "choice"), default=1)
     return len(permutations(request.options.order, max(2, widest)))
 
