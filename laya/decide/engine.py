@@ -53,7 +53,10 @@ class DecideEngine(InProcessEngine):
         cost (`laya.server.work`)."""
         super().warmup()
         n_ctx = self.model.backend.n_ctx
-        self.speed = {"token_s": round(prefill_token_s(self.model, n_ctx), 9), "n_ctx": n_ctx}
+        try:
+            self.speed = {"token_s": round(prefill_token_s(self.model, n_ctx), 9), "n_ctx": n_ctx}
+        except QuestionError:  # a readout that cannot ask the timing's question: the server's deadline alone
+            self.speed = None
 
     def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
                 ) -> DecideJob | OrderedJob:
