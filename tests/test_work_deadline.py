@@ -81,6 +81,31 @@ def test_the_decide_bound_holds_what_the_model_plans():
         assert decide_tokens(req, 2048, Limits()) >= planned["input_tokens"] > 0
 
 
+def test_the_longest_one_prompt_state_leaves_room_for_the_answer_tokens():
+    """A prompt that fits the context while the collision tree's answer tokens after it do not was planned
+    as one decision and failed inside llama.cpp (a 500): it is a tournament (or a 413) now."""
+    from laya.decide.engine import DecideEngine
+    from laya.decide.llama import open_gguf
+
+    engine = DecideEngine(open_gguf(smollm2(), n_ctx=1024))
+    question = {"q": teams(40)}  # "team 0" ... "team 39": every label starts with the same token
+
+    def state(n: int) -> str:
+        return " ".join(["parcel"] * n)
+
+    def whole(n: int) -> bool:
+        plan = engine.plan(request([state(n)], question))
+        return plan["refused"] is None and plan["states"][0]["decisions"] == 1
+
+    low, high = 1, 2048
+    while low + 1 < high:
+        mid = (low + high) // 2
+        low, high = (mid, high) if whole(mid) else (low, mid)
+    for n in (low, high):  # the longest one-prompt state, and one word more
+        answer = engine.model.predict(state(n), question)["answers"]["q"]
+        assert len(answer["probabilities"]) == 40
+
+
 def test_no_measured_speed_no_allowance():
     req = request(["s"], {"q": teams()})
     assert work_s(req, None, Limits()) == 0.0
