@@ -144,7 +144,11 @@ def _add_admission_args(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--request-timeout-s", type=positive_float, default=30.0,
                      help="each decision request's deadline: past it, its work stops and it gets 504; the door "
                           "sheds what could not be answered within it (default 30; a client may ask for less "
-                          "with the X-Laya-Timeout-S header)")
+                          "with the X-Laya-Timeout-S header). A request whose work may take longer at the "
+                          "model's measured speed (its rows or prompt tokens) gets that long, unless "
+                          "--fixed-deadline")
+    srv.add_argument("--fixed-deadline", action="store_true",
+                     help="every request's deadline is --request-timeout-s, however much work it asks for")
     srv.add_argument("--drain-s", type=nonnegative_float, default=30.0,
                      help="on SIGTERM/SIGINT: refuse new requests with 503, let what is in flight finish for at "
                           "most this long, then exit 0 (default 30; 0 stops at once)")
@@ -183,6 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(api_key=api_key, max_wait_ms=args.max_wait_ms, max_pending_rows=args.max_pending_rows,
                           max_concurrency=args.max_concurrency, shed_hold_ms=args.shed_hold_ms,
                           max_queue_ms=args.max_queue_ms, request_timeout_s=args.request_timeout_s,
+                          deadline_follows_work=not args.fixed_deadline,
                           drain_s=args.drain_s,
                           max_batch_rows=args.max_batch_rows, max_batch_tokens=args.max_batch_tokens,
                           max_body_bytes=args.max_body_mb * 1024 * 1024,

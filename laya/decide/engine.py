@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
@@ -44,6 +45,18 @@ class DecideEngine(InProcessEngine):
     model: DecideModel
     description: str = "chat model read by first-token scoring (llama.cpp)"
     kind: ClassVar[str] = "decide"
+    speed: dict[str, Any] | None = None  # measured at warm-up: what the server's deadline follows
+
+    def warmup(self) -> None:
+        """The first-call costs taken, then a prefill's cost per token measured and carried to the whole
+        context (`prefill_token_s`): a request's deadline follows the prompt tokens it asks for at that
+        cost (`laya.server.work`)."""
+        super().warmup()
+        n_ctx = self.model.backend.n_ctx
+        try:
+            self.speed = {"token_s": round(prefill_token_s(self.model, n_ctx), 9), "n_ctx": n_ctx}
+        except QuestionError:  # a readout that cannot ask the timing's question: the server's deadline alone
+            self.speed = None
 
     def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
                 ) -> DecideJob | OrderedJob:
@@ -127,5 +140,23 @@ class DecideEngine(InProcessEngine):
         backend = self.model.backend
         return {"kind": "decide", "runtime": "llama.cpp", "precision": "gguf",
                 "device": cpu().model or platform.machine() or "cpu", **self.provenance(),
+                **({"speed": dict(self.speed)} if self.speed else {}),
                 "source": redact(str(self.model.source)), "prefix_cache": self.model.decider.cache.policy,
                 "readout": self.model.readout, **backend.describe()}
+
+
+SPEED_WORDS = 1024  # the prompt a decide engine's speed is measured on, at most a quarter of its context
+SPEED_QUESTION = {"w": {"type": "choice", "instructions": "Which word?", "criteria": ["word", "other"]}}
+
+
+def prefill_token_s(model: DecideModel, n_ctx: int) -> float:
+    """Seconds a prompt token may cost in a prefill as long as the context `n_ctx`, from one prefill
+    timed (a prompt of about `SPEED_WORDS` words, at most a quarter of the context; the kept state left
+    alone). A token's cost grows at most in proportion to the prompt it attends to, so the per-token
+    cost measured over `n` tokens, times `n_ctx / n`, bounds it (loose where attention is a small part
+    of the work, never short of it; two lengths and a fitted slope were at the mercy of noise)."""
+    words = max(16, min(SPEED_WORDS, n_ctx // 4))
+    began = time.perf_counter()
+    answer = model.predict(" ".join(["word"] * words), SPEED_QUESTION, reuse_prefix=False)
+    tokens = max(1, int(answer["usage"]["input_tokens"]))
+    return (time.perf_counter() - began) / tokens * max(1.0, n_ctx / tokens)

@@ -16,7 +16,7 @@ from laya.calibration.file import Calibration
 from laya.calibration.temperatures import Temperatures, clamp
 from laya.decide.backend import DecideBackend
 from laya.decide.policy import Decider, PrefixCache, Prompt
-from laya.decide.profiles import LABELS, PROFILES, TOP_TOKENS, make_profile
+from laya.decide.profiles import LABELS, PROFILES, TOP_TOKENS, Scored, make_profile
 from laya.decide.prompts import Readout
 from laya.decoding import decode
 from laya.errors import Cancelled, QuestionError
@@ -28,6 +28,7 @@ from laya.stop import StopFlag
 from laya.tournament import Tournament, narrowed, tournament_rows
 
 GROUP_MARGIN = 16  # tokens a tournament group's prompt leaves free (merges differ between groups)
+TREE_LEVELS = 33  # answer tokens the collision tree may feed after a prompt (its max_levels of 32, and one)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,20 @@ class Planned:
     prompts: tuple[Prompt, ...]
     isolated: bool = False  # one no/yes prompt per level (laya.calibration.evidence.Evidence.isolated)
     group: int = 0  # a choice played as a tournament of groups of this size (its prompts are built per round)
+
+
+def tree_room(scored: Scored) -> int:
+    """Tokens a decision may read after its prompt: the collision tree feeds a label's tokens one level at
+    a time where labels share beginnings (at most `TREE_LEVELS`); a letters readout reads the top tokens."""
+    if scored.letters is not None:
+        return 0
+    return min(TREE_LEVELS, max((len(label) for label in scored.labels), default=1) - 1)
+
+
+def _longest(split: list[tuple[list[int], int]], scored: list[Scored]) -> int:
+    """The most context one of a question's decisions takes: its prompt and the answer tokens after it
+    (a prompt that fits while its answers do not failed inside llama.cpp, a 500, before)."""
+    return max(len(full) + tree_room(s) for (full, _), s in zip(split, scored))
 
 
 def decisions(plan: Planned) -> int:
@@ -133,8 +148,9 @@ class DecideModel:
             prefix = profile.prefix(state, rest)
             alone, n_schema = profile.prefix_tokens(prefix)
             splits = {q.qid: [profile.prompt(prefix, alone, r) for r in reads[q.qid]] for q in rest}
+            scores = {q.qid: [profile.scored(r) for r in reads[q.qid]] for q in rest}
             too_long = {q.qid: q for q in rest if q.qtype == "choice"
-                        and max(len(full) for full, _ in splits[q.qid]) > n_ctx}
+                        and _longest(splits[q.qid], scores[q.qid]) > n_ctx}
             for q in too_long.values():
                 if group := self._group_size(state, q):
                     groups[q.qid] = group
@@ -147,17 +163,16 @@ class DecideModel:
                 limits.check("tokens", tokens)
                 planned.append(Planned(q, (), (), group=groups[q.qid]))
                 continue
-            split = splits[q.qid]
-            lengths = [len(full) for full, _ in split]
-            tokens += sum(lengths)
+            split, scored = splits[q.qid], scores[q.qid]
+            tokens += sum(len(full) for full, _ in split)
             limits.check("tokens", tokens)
-            longest = max(lengths)
+            longest = _longest(split, scored)
             if longest > n_ctx:
-                raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens; the model's "
-                                    f"context holds {n_ctx}", qid=q.qid, error_type="max_tokens_exceeded")
+                raise QuestionError(f"question {q.qid!r}: the prompt takes {longest} tokens with the answer tokens "
+                                    f"read after it; the model's context holds {n_ctx}", qid=q.qid,
+                                    error_type="max_tokens_exceeded")
             if any(len(full) == n_prefix for full, n_prefix in split):
                 raise QuestionError(f"question {q.qid!r}: the prompt has no question after its prefix", qid=q.qid)
-            scored = [profile.scored(r) for r in reads[q.qid]]
             prompts = tuple(Prompt(full, n_prefix, s.labels, s.letters, n_schema)
                             for (full, n_prefix), s in zip(split, scored))
             planned.append(Planned(q, tuple(tuple(r.keys) for r in reads[q.qid]), prompts, profile.isolated(q)))
@@ -174,7 +189,8 @@ class DecideModel:
             worst = narrowed(q, sorted(order[:size]))
             prefix = self.profile.prefix(state, [worst])
             alone, _ = self.profile.prefix_tokens(prefix)
-            return all(len(self.profile.prompt(prefix, alone, r)[0]) <= budget for r in self.profile.asks(worst))
+            return all(len(self.profile.prompt(prefix, alone, r)[0]) + tree_room(self.profile.scored(r)) <= budget
+                       for r in self.profile.asks(worst))
 
         if not fits(2):
             return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -11,7 +12,7 @@ from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
 from laya.encoder.plan import plan_states
 from laya.encoder.shortlist import shortlist_request, widened
-from laya.engine import InProcessEngine
+from laya.engine import WARMUP_QUESTIONS, InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.native.cpu import cpu
@@ -30,6 +31,13 @@ class EncoderEngine(InProcessEngine):
     model: Model
     description: str = "laya decision model"
     kind: ClassVar[str] = "encoder"
+    speed: dict[str, Any] | None = None  # measured at warm-up: what the server's deadline follows
+
+    def warmup(self) -> None:
+        """The first-call costs taken, then one full row timed: a request's deadline follows the rows
+        it asks for at this speed (`laya.server.work`), a row of `max_len` tokens being the dearest."""
+        super().warmup()
+        self.speed = {"row_s": round(time_full_row(self.model), 6), "max_len": self.model.max_len}
 
     def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
                 ) -> Prepared | OrderedJob:
@@ -87,6 +95,7 @@ class EncoderEngine(InProcessEngine):
         return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
                 "device": device_of(self.model.runtime), **self.provenance(),
                 "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
+                **({"speed": dict(self.speed)} if self.speed else {}),
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
                 **({"gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "argmax_agreement",
@@ -106,6 +115,15 @@ class EncoderEngine(InProcessEngine):
         """Stop auto's background upgrade, if it still prepares."""
         if self.model.upgrade is not None:
             self.model.upgrade.close()
+
+
+def time_full_row(model: Model) -> float:
+    """Seconds one forward pass of a row as long as the model's takes here (a yes/no question over a
+    state that fills the row)."""
+    job = model.prepare([" ".join(["word"] * model.max_len)], WARMUP_QUESTIONS)
+    began = time.perf_counter()
+    model.run([job.rows[0][0]])
+    return time.perf_counter() - began
 
 
 def device_of(runtime: Any) -> str:

@@ -75,6 +75,7 @@ from laya.server import heap
 from laya.server.batcher import Unavailable, run_together
 from laya.server.pipe import Pipe, on_loop, own_loop, pickled
 from laya.server.progress import BOARD_SLOTS, SLOW_SHARE, Bounds, Watch, WorkBoard
+from laya.server.work import work_s
 from laya.stop import StopFlag, after
 
 log = logging.getLogger("laya.server")
@@ -143,6 +144,7 @@ class _Link:
         self.lock = threading.Lock()
         self.alive = True
         self.sent: dict[int, tuple[int, float]] = {}  # request id -> its rows and when it was sent
+        self.allowed: dict[int, float] = {}  # request id -> the seconds its work may take (`laya.server.work`)
         self.last_heard = time.monotonic()  # the process's last reply
         self.hung = ""  # why the watchdog killed it, if it did
         self.on_speed: Any = None  # called with the seconds a row took, as replies come
@@ -173,6 +175,7 @@ class _Link:
         with self.lock:
             self.waiting.pop(rid, None)
             self.sent.pop(rid, None)
+            self.allowed.pop(rid, None)
 
     def sending(self, rid: int, rows: int) -> None:
         with self.lock:
@@ -191,6 +194,11 @@ class _Link:
         with self.lock:
             return self.last_heard
 
+    def allowance(self) -> float:
+        """The seconds the work outstanding may take at the model's measured speed, all of it."""
+        with self.lock:
+            return sum(self.allowed.values())
+
     def send_run(self, rid: int, job: RemoteJob) -> None:
         """Send `job` as request `rid`. From the pipe's loop its questions and limits go as a slot number
         once the engine process holds them (routers ask the same questions of every state under the
@@ -200,6 +208,8 @@ class _Link:
         if not self.alive:
             raise EngineDied("the engine process is gone")
         self.sending(rid, max(1, job.n_rows))
+        with self.lock:
+            self.allowed[rid] = job.work_s
         request = job.request
         if not on_loop(self.pipe.loop):  # sent whole
             self.pipe.send(("run", rid, job.payload((None, request.questions, request.options, job.limits))))
@@ -232,6 +242,7 @@ class _Link:
         with self.lock:
             future = self.waiting.pop(rid, None)
             sent = self.sent.pop(rid, None)
+            self.allowed.pop(rid, None)
             self.last_heard = now
         if sent is not None and self.on_speed is not None:
             self.on_speed((now - sent[1]) / sent[0])
@@ -336,6 +347,7 @@ class RemoteJob:
 
     request: Request
     limits: Limits
+    work_s: float = 0.0  # the seconds its work may take at the model's measured speed (`laya.server.work`)
     token: int = 0
     link: _Link | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
@@ -482,7 +494,8 @@ class RemoteEngine:
         """Why `link`'s process counts as hung now, or "" (it is idle, or making progress)."""
         rows, silent = link.busy()
         if not link.watch.readable:  # no CPU time to read here: silence against the measured wall speed
-            bound = max(self.policy.hang_min_s, self.policy.hang_factor * rows * max(self._row_s))
+            bound = max(self.policy.hang_min_s, self.policy.hang_factor * rows * max(self._row_s),
+                        link.allowance())
             if rows and silent > bound:
                 return (f"it answered nothing for {silent:.1f} s with {rows} rows of work, over the {bound:.1f} s "
                         "its measured speed allows")
@@ -566,7 +579,7 @@ class RemoteEngine:
     def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None) -> RemoteJob:
         """Packed, not prepared: the engine process prepares it (and refuses it, naming why) as it
         arrives there."""
-        job = RemoteJob(request, limits)
+        job = RemoteJob(request, limits, work_s=work_s(request, self._describe.get("speed"), limits))
         job.cancelled = _CancelFlag(job, deadline)
         return job
 

@@ -9,6 +9,7 @@ event loop, the batcher, the deadline and the caller's disconnect watched).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from laya.server.call import Call, Reply, endpoint
 from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
+from laya.server.work import describe_work, work_s
 
 STATIC = Path(__file__).parent / "static"
 # A body of at most this many bytes (decoded) is parsed, validated and prepared on the event loop:
@@ -66,6 +68,7 @@ class Context:
     books: Books
     admission: Admission | None = None  # built right after, over this context's retry_after and rows_per_s
     digests: dict[str, str] = field(default_factory=dict)  # served name -> its short model digest
+    speeds: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # served name -> its measured speed
 
     def retry_after(self) -> int:
         """Seconds until the work queued now has drained, at the measured rate (the slowest model)."""
@@ -168,9 +171,28 @@ class Context:
         deadline = request.scope["state"].get("deadline")
         return (deadline if deadline is not None else time.monotonic() + budget), budget
 
+    def speed(self, name: str) -> dict[str, Any] | None:
+        """The served model's speed as it measured it at warm-up (its description's), read once."""
+        if name not in self.speeds:
+            self.speeds[name] = self.served.engines[name].describe().get("speed")
+        return self.speeds[name]
+
+    def work_deadline(self, request: Call, name: str, req: Request) -> tuple[float, float, str]:
+        """The request's deadline, budget and, where its work extended the server's deadline, that work
+        in words: a request may take as long as its work needs at the model's measured speed
+        (`laya.server.work`), however short --request-timeout-s; a client's own shorter deadline holds."""
+        deadline, budget = self.deadline_of(request)
+        if not self.config.deadline_follows_work or request.headers.get(TIMEOUT_HEADER) is not None:
+            return deadline, budget, ""
+        speed = self.speed(name)
+        allowed = math.ceil(work_s(req, speed, self.config.limits)) if speed else 0
+        if allowed <= budget:
+            return deadline, budget, ""
+        return deadline + allowed - budget, allowed, describe_work(req, speed, self.config.limits)
+
     async def answer(self, request: Call, name: str, req: Request) -> list[SystemOneResponse]:
         engine, batcher = self.served.engines[name], self.served.batchers[name]
-        deadline, budget = self.deadline_of(request)
+        deadline, budget, worked = self.work_deadline(request, name, req)
         rows = req.rows
         if self.admission is not None:
             self.admission.note_rows(rows)
@@ -212,7 +234,7 @@ class Context:
                 request.state.log.update(disconnected=True)
                 raise ApiError(499, {"error_type": "client_closed", "message": "the client went away"}) from None
             request.state.log.update(timed_out=True)
-            raise timeout_error(budget, self.config) from None
+            raise timeout_error(budget, self.config, worked) from None
         except Overloaded as exc:
             raise self.overloaded(str(exc), exc.retry_after) from exc
         except Unavailable as exc:
@@ -225,7 +247,7 @@ class Context:
             watch.close()
         if len(results) != len(req.states) and job.cancelled.is_set():  # stopped by its deadline where it ran
             request.state.log.update(timed_out=True)
-            raise timeout_error(budget, self.config)
+            raise timeout_error(budget, self.config, worked)
         request.state.log.update(input_tokens=sum(r.input_tokens for r in results),
                                  queue_ms=round(timing.queue_ms, 2), inference_ms=round(timing.inference_ms, 2),
                                  batch_jobs=timing.batch_jobs, batch_rows=timing.batch_rows)

@@ -30,6 +30,9 @@ class ServerConfig:
     # its own; a request is shed when the queue cannot drain within its deadline).
     max_queue_ms: float | None = None
     request_timeout_s: float = 30.0  # a request's deadline; a client may ask for less (TIMEOUT_HEADER)
+    # the deadline is at least the time the request's work may take at the model's measured speed
+    # (`laya.server.work`); False: `request_timeout_s` for every request (`laya serve --fixed-deadline`)
+    deadline_follows_work: bool = True
     drain_s: float = 30.0  # on SIGTERM/SIGINT: how long what is in flight may take to finish
     shed_hold_ms: float = 1000.0  # how long a shed 429 is held before it is sent (at most its Retry-After)
     # With engines in processes of their own: the HTTP loop yields the CPU to them under contention.
@@ -98,8 +101,12 @@ def request_timeout(raw: str | None, config: ServerConfig) -> tuple[float, str |
     return min(asked, config.request_timeout_s), None
 
 
-def timeout_error(budget_s: float, config: ServerConfig) -> ApiError:
+def timeout_error(budget_s: float, config: ServerConfig, work: str = "") -> ApiError:
+    """The 504 of a request past its deadline, naming what set it: the client's header, the server's
+    --request-timeout-s, or the work the request asked for (`work`: that work, in its own units)."""
     which = (f"its {TIMEOUT_HEADER} header" if budget_s < config.request_timeout_s
+             else f"the time its work may take at this model's measured speed, {work}, over the server's "
+                  f"--request-timeout-s of {config.request_timeout_s:g} s" if work
              else "the server's --request-timeout-s")
     return usage_error(504, "timeout_error", f"the request was not answered within its deadline of {budget_s:g} s "
                                              f"({which}); its remaining work was stopped")
