@@ -695,7 +695,9 @@ def _serve_engine(conn, load, batching: Batching, board, work=None) -> None:
     except OSError:  # the server went away while this process loaded
         return
     served = _Served(engine, conn, board, work)
-    engine.on_change(lambda: served.reply("describe", 0, engine.describe()))
+    listen = getattr(engine, "on_change", None)  # an engine whose description can change by itself says so
+    if listen is not None:
+        listen(lambda: served.reply("describe", 0, engine.describe()))
     served.serve(batching)
 
 
