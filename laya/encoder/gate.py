@@ -160,9 +160,12 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
     batches: dict[int, list[int]] = {}
     for i, (_, row, _) in enumerate(triples):
         batches.setdefault(padded_length(len(row.ids)), []).append(i)
-    # batch dependence is a property of how a runtime batches rows of one length, not of what they say:
-    # one full batch per padded length measures it, at a fraction of a pass over every row
-    together_groups = [members[:TOGETHER] for members in batches.values()]
+    # batch dependence is a property of how a runtime batches rows, not of what they say: the shortest
+    # padded lengths' full batches measure it, at a fraction of a pass over every row
+    together_groups: list[list[int]] = []
+    for _, members in sorted(batches.items()):
+        if sum(map(len, together_groups)) < 2 * TOGETHER:
+            together_groups.append(members[:TOGETHER])
     every_row = [[i] for i in range(len(triples))]
 
     def answers(forward: Forward, groups: list[list[int]], rows: list[tuple[Question, Row, str]] = triples

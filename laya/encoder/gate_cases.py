@@ -87,7 +87,7 @@ def cases(tok: Tokenizer, max_len: int, fits: Callable[[Any, dict[str, Any]], bo
     rng = random.Random(1234)
     tokens_per_word = max(1, len(tok.encode(_text(random.Random(0), 64))) // 64)
     row_words = max(8, max_len // tokens_per_word)
-    lengths = [3, row_words // 8, row_words // 3, row_words]
+    lengths = [3, row_words // 8, row_words]
     out: list[Case] = []
     for i, n_words in enumerate(lengths):
         out.append(Case("text", _text(rng, n_words), _mixed(rng, i)))
@@ -97,7 +97,7 @@ def cases(tok: Tokenizer, max_len: int, fits: Callable[[Any, dict[str, Any]], bo
            "messages": [_text(rng, 20) for _ in range(3)], "amounts": [12.5, 12.5, -3], "flagged": True,
            "note": SCRIPTS[0], "nested": {"a": {"b": [1, {"c": None}]}}}
     out.append(Case("json_object", obj, _mixed(rng, 6)))
-    out.append(Case("json_object", {"log": [_text(rng, 30) for _ in range(row_words // 30 + 2)]}, _mixed(rng, 7)))
+    out.append(Case("json_object", {"log": [_text(rng, 30) for _ in range(row_words // 60 + 1)]}, _mixed(rng, 7)))
     conversation = [{"role": ("user", "assistant")[k % 2], "content": _text(rng, rng.randint(5, 60))}
                     for k in range(row_words // 20 + 3)]
     out.append(Case("conversation", conversation, _mixed(rng, 8)))
@@ -118,12 +118,12 @@ def cases(tok: Tokenizer, max_len: int, fits: Callable[[Any, dict[str, Any]], bo
                            "criteria": {f"opt{tok.mask_token}": f"a {tok.cls_token} b", "plain": specials,
                                         tok.sep_token: None}},
                      "n": _noul(rng)}))
-    out.append(Case("score", _text(rng, row_words // 2), {f"s{n}": _score(rng, n) for n in (2, 5, 10)}))
+    out.append(Case("score", _text(rng, row_words // 4), {f"s{n}": _score(rng, n) for n in (2, 5, 10)}))
     out.append(Case("noul", _text(rng, row_words // 3),
                     {"a": _noul(rng, "both"), "b": _noul(rng, "true"), "c": _noul(rng, "none")}))
     several = {f"q{k}": (_choice(rng, 2 + 3 * k) if k % 3 == 0 else _score(rng, 3 + k % 7) if k % 3 == 1
                          else _noul(rng)) for k in range(6)}
-    out.append(Case("several_questions", json.dumps({"ticket": _text(rng, row_words // 2)}), several))
+    out.append(Case("several_questions", json.dumps({"ticket": _text(rng, row_words // 4)}), several))
     return out
 
 
@@ -140,7 +140,7 @@ def _many_options(rng: random.Random, row_words: int, fits: Callable[[Any, dict[
                 low = mid
             else:
                 high = mid - 1
-        for n in sorted({16, (16 + low) // 2, low}):
+        for n in ((16,) if described else (low,)):  # a tournament's group, described; the most the row holds
             question = _choice(rng, n, described)
             if fits(state, {"c": question}):
                 found.append(Case("many_options", state, {"c": question}))
