@@ -183,6 +183,23 @@ def test_eval_reports_sets_abstentions_and_aurc_per_group_from_a_calibrated_serv
     assert (tmp_path / "risk.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_reports_them_from_a_local_model_given_the_file(guarantee_run, checkpoint_dir, tmp_path, capsys):
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join((guarantee_run / "data.jsonl").read_text().splitlines(keepends=True)[:12]))
+    spec = f"{checkpoint_dir}:torch"
+    code = main(["eval", str(data), "-m", spec, "--calibration", str(guarantee_run / "cal.json"),
+                 "--json", str(tmp_path / "report.json"), "--work", str(tmp_path / "w")])
+    assert code == 0
+    selective = json.loads((tmp_path / "report.json").read_text())["methods"][spec]["selective"]
+    assert {"overall", "group north", "group south"} <= set(selective)
+    overall = selective["overall"]
+    assert overall["n"] == 36 and 0 <= overall["set_coverage"] <= 1 and overall["mean_set_size"] > 0
+    capsys.readouterr()
+    assert main(["eval", str(data), "-m", "http://127.0.0.1:9", "--calibration", str(guarantee_run / "cal.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "applies its own" in err
+
+
 def test_the_decide_engine_carries_sets_and_the_bound_too(tmp_path):
     need("llama_cpp", "the [llama] extra is not installed")
     from laya.decide.llama import open_gguf

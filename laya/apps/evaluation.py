@@ -46,6 +46,7 @@ class Method:
     runtime: str | None = None  # encoder checkpoints: the runtime
     readout: str | None = None  # GGUFs: the readout profile
     model: str | None = None  # a URL's served model (`URL#model=NAME`), else its default
+    calibration: str | None = None  # a local model's calibration file (a server applies its own)
 
     @property
     def remote(self) -> bool:
@@ -87,7 +88,7 @@ def local_engine(method: Method, threads: int | None, decide_probe: str | None =
     from laya.engines import open_engine
 
     return open_engine(method.source, threads=threads, runtime=method.runtime, readout=method.readout,
-                       decide_probe=decide_probe)
+                       decide_probe=decide_probe, calibration=method.calibration)
 
 
 def _lines(records: Sequence[Record], model: str | None, order: str | None = None) -> Iterator[jsonl.Line]:

@@ -4,6 +4,7 @@ side by side, with a baseline to catch regressions."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ def register(sub: Subparsers) -> None:
     ev.add_argument("data", help='JSONL: {"state", "questions", "labels": {qid: answer}, "tags"?, "lang"?} per line')
     ev.add_argument("--method", "-m", action="append", required=True,
                     help="checkpoint[:RUNTIME], chat.gguf[:READOUT], or a System One URL[#model=NAME]; repeat")
+    ev.add_argument("--calibration", metavar="FILE", help="a calibration file from `laya calibrate` for the local "
+                                                          "methods: answers carry its prediction sets and abstentions, "
+                                                          "and the report their figures per group")
     ev.add_argument("--json", metavar="FILE", help="also write the figures as JSON (a later run's --baseline)")
     ev.add_argument("--plot", metavar="FILE.png", help="accuracy against ms per query, one point per method")
     ev.add_argument("--risk-plot", metavar="FILE.png",
@@ -64,6 +68,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     records = read_records(args.data)  # every line checked before any model loads
     methods = [evaluation.parse_method(m) for m in args.method]
+    if args.calibration:  # every local method answers with the file (sets, the error bound, its signal)
+        if remote := [m.spec for m in methods if m.remote]:
+            raise UsageError(f"--calibration applies to local methods; {remote[0]} is a server, which applies its "
+                             "own (laya serve --calibration)")
+        methods = [dataclasses.replace(m, calibration=args.calibration) for m in methods]
     if len({m.spec for m in methods}) != len(methods):
         raise UsageError("a method is named twice")
     if not 0 < args.target_precision <= 1:
