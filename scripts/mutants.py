@@ -277,7 +277,7 @@ MUTANTS = [
     Mutant("gate-batch-ignored", "laya/encoder/gate.py", "and batch_dp <= bounds.batch_dependence_max_dp)", ")",
            ("tests/test_precision_gates.py::test_batch_dependence_is_measured",),
            "an answer that moves with its batch company passes the gate"),
-    Mutant("gate-one-plan", "laya/encoder/runtimes/packed.py", "FP32_LAYER_TIERS = (0, 1)", "FP32_LAYER_TIERS = (0,)",
+    Mutant("gate-one-plan", "laya/encoder/runtimes/packed.py", "FP32_LAYER_TIERS = (0, 1, 2)", "FP32_LAYER_TIERS = (0,)",
            ("tests/test_auto.py::test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes",),
            "the gate gives up before keeping the first encoder layer in fp32"),
     Mutant("packed-batches-rows", "laya/encoder/runtimes/packed.py",

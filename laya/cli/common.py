@@ -146,11 +146,16 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
     parser.add_argument("--force", action="store_true",
                         help="accept a reduced precision whose accuracy gate failed, or bf16 on a CPU without bf16 "
                              "units")
+    add_source_args(parser)
+    parser.add_argument("--calibration", help="a calibration file from `laya calibrate` to apply")
+
+
+def add_source_args(parser: argparse.ArgumentParser) -> None:
+    """Where a checkpoint comes from and how it runs: the Hub revision, subfolder and digest, the threads."""
     parser.add_argument("--revision", help="Hub revision (commit, branch or tag)")
     parser.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
     parser.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
     parser.add_argument("--threads", type=int, help="CPU threads for the runtime")
-    parser.add_argument("--calibration", help="a calibration file from `laya calibrate` to apply")
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:

@@ -28,10 +28,7 @@ def register(sub: Subparsers) -> None:
     prep.add_argument("model", help="checkpoint folder, registered name or Hub id")
     prep.add_argument("--precision", choices=["fp32"], help="keep auto to the exact runtimes (as laya serve "
                                                             "--precision fp32)")
-    prep.add_argument("--revision", help="Hub revision (commit, branch or tag)")
-    prep.add_argument("--subfolder", help="checkpoint subfolder inside the Hub repository or folder")
-    prep.add_argument("--sha256", help="expected sha256 of model.safetensors, checked before parsing")
-    prep.add_argument("--threads", type=int, help="CPU threads (as the server will use)")
+    common.add_source_args(prep)
     prep.add_argument("--cache-dir", help="where exported bundles are kept (default: LAYA_CACHE)")
     prep.add_argument("--json", action="store_true", help="print the choice as JSON")
     # the background upgrade's own: its CPU priority, and the process whose end ends this one
