@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("laya")
 BACKGROUND_ENV = "LAYA_AUTO_BACKGROUND"  # "0" (or false, no, off): auto measures at the load, blocking
 NICE = 19  # the preparing process's CPU priority: the lowest, so serving always comes first
-STATES = ("preparing", "swapped", "kept", "failed")
 # the pick the preparing process stored, loaded from the cache (None: none stored)
 LoadPick = Callable[[], "tuple[Runtime, Choice] | None"]
 
