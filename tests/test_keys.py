@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from conftest import need
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
 
@@ -69,7 +70,7 @@ def test_the_whole_key_passes_everywhere(keyed):
 
 
 def test_mcp_over_http_refuses_a_near_key():
-    pytest.importorskip("mcp")
+    need("mcp")
     from starlette.responses import PlainTextResponse
 
     from laya.apps.mcp import BearerAuth
