@@ -246,16 +246,20 @@ def test_laya_serve_serves_a_llama_bundle_from_its_engine_process(bundles):
 
 
 @pytest.mark.slow
-def test_the_full_mmbert_base_shape_matches_the_reference(tmp_path_factory):
+def test_the_full_mmbert_base_shape_matches_the_reference(tmp_path_factory, monkeypatch):
     """22 layers, d 768, 12 heads, GeGLU 1152, a 256k vocabulary, the 128-token window: f32 within 1e-4
-    of the reference, f16 within 0.02, q8_0 through its gate and within 0.1, on rows of ~30 to ~330
-    tokens. The weights give attention logits a spread of 1 (`attention_logit_std`): with the
-    generator's default Wqkv at this width attention is one-hot and the random network chaotic, where
-    any two fp32 implementations drift apart (ONNX fp32 against torch: 2e-3 at 10 layers)."""
+    of the reference, f16 within 0.02, q8_0 within 0.1, on rows of ~30 to ~330 tokens. The weights give
+    attention logits a spread of 1 (`attention_logit_std`): with the generator's default Wqkv at this
+    width attention is one-hot and the random network chaotic, where any two fp32 implementations drift
+    apart (ONNX fp32 against torch: 2e-3 at 10 layers). What is pinned here is the network llama.cpp
+    runs at this shape; the gate that judges a reduced type is the small bundles' tests' (at this shape
+    it takes minutes per type on two cores), so the reduced bundles are written without it."""
+    from laya.encoder.checkpoint import load_checkpoint
+    from laya.encoder.export import gguf
     from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 
     spec = TestCheckpointSpec(flavour="mmbert", hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
-                              local_attention=128, max_len=1024, head_max_len=256, vocab_size=256000, seed=3,
+                              local_attention=128, max_len=512, head_max_len=256, vocab_size=256000, seed=3,
                               attention_logit_std=1.0, scorer_gain=1.0)
     folder = write_test_checkpoint(tmp_path_factory.mktemp("ck") / "mmbert-base", spec)
     reference = load_quiet(folder, "torch")
@@ -263,15 +267,12 @@ def test_the_full_mmbert_base_shape_matches_the_reference(tmp_path_factory):
         "c": {"type": "choice", "instructions": "Which team?", "criteria": ["billing", "shipping", "sales", "support"]},
         "n": {"type": "noul", "instructions": "Is it urgent?"}}) for n in (10, 100, 300)]
     wanted = [reference.predict(state, questions) for state, questions in requests]
+    monkeypatch.setattr(gguf, "measure_gate", lambda *_: None)
     for precision, bound in (("f32", 1e-4), ("f16", 0.02), ("q8_0", 0.1)):
-        # forced: on this shape a reduced type may fail the gate's headroom on rows of many options (the
-        # gate's own tests hold what a failure does); its record is still judged as it says
-        model = load_quiet(folder, "llama", precision=precision, **({"force": True} if precision != "f32" else {}))
-        gate = model.runtime.gate
-        assert precision == "f32" or gate["passed"] == (gate["max_dp"] <= gate["bounds"]["max_dp"]
-                                                        and gate["flipped_margin"] < gate["bounds"]["flip_margin"]
-                                                        and gate["batch_dependence_max_dp"]
-                                                        <= gate["bounds"]["batch_dependence_max_dp"]), gate
+        bundle = tmp_path_factory.mktemp(precision)
+        gguf.export_bundle(load_checkpoint(folder), bundle, precision)
+        model = load_quiet(folder, "llama", precision=precision, bundle=bundle, force=precision != "f32")
+        assert model.runtime.precision == precision and model.runtime.gate is None
         for (state, questions), want in zip(requests, wanted):
             got = model.predict(state, questions)
             assert got["usage"] == want["usage"]

@@ -179,33 +179,34 @@ def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, prec
                                        temps.for_question(question.qtype, question.n_options))
         return out
 
+    each_held_out = [[i] for i in range(len(held_out))]
+    wanted, wanted_held_out = _reference_answers(checkpoint, lambda: (
+        answers(reference, every_row), answers(reference, each_held_out, held_out)))
     alone = answers(candidate, every_row)
     batched = [i for group in together_groups for i in group]
     together = answers(candidate, together_groups)
-    record = judge(_reference_answers(checkpoint, reference, lambda: answers(reference, every_row)), alone,
-                   [together[i] for i in batched], precision, kinds=[kind for _, _, kind in triples],
+    record = judge(wanted, alone, [together[i] for i in batched], precision, kinds=[kind for _, _, kind in triples],
                    batched=batched)
     for name, forward in (extra or {}).items():
         found = answers(forward, together_groups)
         record[f"{name}_max_dp"] = round(_worst([found[i] for i in batched], [alone[i] for i in batched]), 6)
     if held_out:
-        each = [[i] for i in range(len(held_out))]
-        unseen = judge(answers(reference, each, held_out), answers(candidate, each, held_out),
-                       [], precision)
+        unseen = judge(wanted_held_out, answers(candidate, each_held_out, held_out), [], precision)
         record["held_out"] = {"source": "the golden cases", "rows": len(held_out), "max_dp": unseen["max_dp"],
                               "flipped_margin": unseen["flipped_margin"]}
     return record
 
 
-_last_reference: list[tuple[str, list[np.ndarray]]] = []  # the last checkpoint's fp32 answers on the gate's rows
+Answers = list[np.ndarray]
+_last_reference: list[tuple[str, tuple[Answers, Answers]]] = []  # the last checkpoint's fp32 answers
 
 
-def _reference_answers(checkpoint: Checkpoint, reference: Forward, compute: Callable[[], list[np.ndarray]]
-                       ) -> list[np.ndarray]:
-    """The fp32 answers on the gate's rows, computed once per checkpoint (its fingerprint: the weights,
-    configs and tokenizer that decide them): a runtime gates several plans, eager and compiled, and an
-    export several types, each against fp32, whose runtimes agree to 1e-4 (on a full-size checkpoint the
-    reference's pass over every input kind takes minutes)."""
+def _reference_answers(checkpoint: Checkpoint, compute: Callable[[], tuple[Answers, Answers]]
+                       ) -> tuple[Answers, Answers]:
+    """The fp32 answers on the gate's rows and on the held-out ones, computed once per checkpoint (its
+    fingerprint: the weights, configs and tokenizer that decide them): a runtime gates several plans,
+    eager and compiled, and an export several types, each against fp32, whose runtimes agree to 1e-4 (on
+    a full-size checkpoint the reference's pass over every input kind takes minutes)."""
     key = f"{checkpoint.fingerprint}-{STANDARD}"
     if _last_reference and _last_reference[0][0] == key:
         return _last_reference[0][1]
