@@ -367,20 +367,6 @@ def test_a_tiny_gguf_with_a_metadata_file_is_read_at_its_answer_slot_and_says_so
     assert open_gguf(path, threads=2, readout="first-token").readout["from"] == "--readout"
 
 
-@pytest.mark.slow
-def test_smollm2_answers_the_conformance_suites_255_option_choice_in_its_trained_context():
-    need("llama_cpp", "the [llama] extra is not installed")
-    from laya.decide.llama import open_gguf
-
-    m = open_gguf(smollm2(), threads=2)  # no --n-ctx: the 8192 tokens SmolLM2 was trained for
-    assert m.backend.n_ctx == 8192
-    criteria = {f"option_{i}": f"the description of option number {i}" for i in range(255)}
-    out = m.predict("Pick the option that fits best.", {"q": {"type": "choice", "criteria": criteria}})
-    answer = out["answers"]["q"]
-    assert list(answer["probabilities"]) == list(criteria) and "x_tournament" not in answer
-    assert sum(answer["probabilities"].values()) == pytest.approx(1.0) and out["usage"]["input_tokens"] > 4096
-
-
 # --- the lens: --decide-probe ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("readout", ["first-token", "letters"])

@@ -37,7 +37,7 @@ def run_load(hf_home: Path, endpoint: str, pin: str | None, *, offline: bool = F
         "    entry = registry.REGISTRY['laya-multilingual']\n"
         "    registry.REGISTRY['laya-multilingual'] = dataclasses.replace(entry, weights_sha256=pin)\n"
         f"kwargs = {{'sha256': {sha256!r}}} if {sha256!r} else {{}}\n"
-        f"m = laya.load({name!r}, **kwargs)\n"
+        f"m = laya.load({name!r}, runtime='torch', **kwargs)\n"  # the download is under test, not auto's compiling
         f"print(json.dumps({{'name': m.name, 'response': m.predict('refund please', {QUESTIONS!r})}}))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
@@ -128,3 +128,21 @@ def test_the_cli_and_the_server_say_it_in_one_line(tmp_path):
         assert out.returncode == 2, (args, out.stderr)
         lines = [line for line in out.stderr.strip().splitlines() if line.startswith("laya: error:")]
         assert len(lines) == 1 and "laya-multilingual" in lines[0] and "cannot be reached" in lines[0], out.stderr
+
+
+def test_a_refused_hub_is_known_at_once_and_a_reachable_one_is_left_to_huggingface_hub(served, monkeypatch, tmp_path):
+    """A port that refuses connections is answered from the cache (here empty: LocalEntryNotFoundError, the
+    error the loader turns into its one line) without huggingface_hub's retries; a Hub that answers, and
+    a branch revision, go to snapshot_download as before."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from laya.encoder.checkpoint import _cached_if_unreachable
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    kwargs = {"revision": "main", "allow_patterns": ["*.json"], "token": None, "cache_dir": str(tmp_path)}
+    with pytest.raises(LocalEntryNotFoundError):
+        _cached_if_unreachable(ENTRY.repo, kwargs, f"http://127.0.0.1:{free_port()}")
+    folder, _ = served
+    with HubStandIn(ENTRY.repo, ENTRY.revision, folder) as hub:
+        assert _cached_if_unreachable(ENTRY.repo, kwargs, hub.url) is None

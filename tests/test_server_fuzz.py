@@ -36,7 +36,7 @@ def check(r) -> None:
     assert r.headers["x-typesafe-request-id"]
 
 
-@settings(max_examples=8000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=request | values)
 def test_no_5xx_for_generated_bodies(client, body):
     check(client.post("/v1/systemone", content=json.dumps(body), headers={"content-type": "application/json"}))
@@ -74,7 +74,7 @@ def test_no_5xx_for_chat_completion_bodies(client, body):
                            headers={"content-type": "application/json"}))
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=chat_schema)
 def test_no_5xx_for_schemas_of_every_shape_on_the_chat_route(client, body):
     """A valid completion but for its schema: every branch of the schema walk, with wrong values."""

@@ -90,7 +90,7 @@ def download(
                 if local_only:
                     raise
         if snapshot is None:
-            snapshot = snapshot_download(repo, **kwargs)
+            snapshot = _cached_if_unreachable(repo, kwargs, constants.ENDPOINT) or snapshot_download(repo, **kwargs)
     except LocalEntryNotFoundError as exc:
         if local_only:
             raise CheckpointError(f"{where}: not in the local Hugging Face cache (local_only=True)") from exc
@@ -107,6 +107,29 @@ def download(
     if not folder.is_dir():
         raise CheckpointError(f"{repo}: subfolder {subfolder!r} is not in the repository")
     return folder
+
+
+def _cached_if_unreachable(repo: str, kwargs: dict[str, Any], endpoint: str) -> str | None:
+    """The cached snapshot at once when the Hub's host refuses connections or has no address (raising
+    LocalEntryNotFoundError without one): huggingface_hub retries such a request with backoff for about
+    24 s before it gives up, and nothing answers on a refused port. A host that is slow or drops packets
+    is left to huggingface_hub's own timeouts and retries. None when the host can be reached."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants, snapshot_download
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname or "", port), timeout=3).close()
+        return None
+    except (ConnectionRefusedError, socket.gaierror, ValueError):
+        return str(snapshot_download(repo, local_files_only=True, **kwargs))
+    except OSError:  # a timeout or an unreachable network: huggingface_hub decides
+        return None
 
 
 def _short(exc: Exception, limit: int = 300) -> str:
