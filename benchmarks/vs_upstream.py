@@ -122,10 +122,9 @@ def add_floors(results: list[dict], checkpoint, plan: list, model) -> None:
 
 
 def describe_runtime(model) -> dict[str, Any]:
-    runtime = model.runtime
-    details = runtime.details() if hasattr(runtime, "details") else {}
-    gate = runtime.gate or None
-    return {"runtime": runtime.name, "precision": runtime.precision, **details,
+    info = model.runtime.info()
+    gate = info.gate
+    return {"runtime": info.name, "precision": info.precision, **info.details,
             "choice": model.choice.describe() if model.choice else None,
             "gate": {k: gate[k] for k in ("max_dp", "flipped_margin", "batch_dependence_max_dp", "passed", "plan")
                      if k in gate} if gate else None}

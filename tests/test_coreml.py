@@ -164,7 +164,7 @@ def test_compact_mode_is_opt_in_reported_and_fits_rows_to_the_neural_engine():
     source = GOLDEN / "checkpoints" / "modernbert"  # buckets 64, 96, 128 in a 256-token row
     exact = load_quiet(source, "coreml", executor="torch")
     compact = load_quiet(source, "coreml", executor="torch", compact=True)
-    assert exact.runtime.compact_length is None and compact.runtime.compact_length == 128
+    assert exact.runtime.compact() is None and compact.runtime.compact().length == 128
     long_state = "the customer was charged twice and wants the money back today " * 12
     route = {"type": "choice", "instructions": "Which team?",
              "criteria": {"billing": "payments, refunds and invoices " * 3, "sales": "plans and prices " * 3}}

@@ -104,7 +104,7 @@ def load_golden_tokenizer_model(name: str):
 
 
 def gate_passed(model) -> bool:
-    return bool((getattr(model.runtime, "gate", None) or {}).get("passed"))
+    return bool((model.runtime.info().gate or {}).get("passed"))
 
 
 def check_gate(target, model) -> str:
@@ -113,7 +113,7 @@ def check_gate(target, model) -> str:
     force, the refusal carrying figures beyond their bounds; its forced run is then compared all the
     same, at the target's bound (the callers never skip a comparison). A target that is not excused
     (packed bf16) must pass its gate wherever it has one."""
-    gate = getattr(model.runtime, "gate", None)
+    gate = model.runtime.info().gate
     if gate is None or gate_passed(model):
         return ""
     where = f"{target.id} on {model.checkpoint.path.name}"

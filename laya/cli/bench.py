@@ -80,6 +80,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spec, path = bench.store_winner(models, results)
         print(f"picked {spec} for {Path(args.model).name} on this machine (used by runtime='auto'): {path}")
     if args.json:
-        gates = {k: getattr(m.runtime, "gate", None) for k, m in models.items()}
+        gates = {k: m.runtime.info().gate for k, m in models.items()}
         Path(args.json).write_text(json.dumps({"results": results, "skipped": skipped, "gates": gates}, indent=2))
     return 0

@@ -24,14 +24,13 @@ def _provenance(args: argparse.Namespace, model: Any) -> dict[str, Any]:
     """What exactly answers, as `/v1/models` says it: the artifacts' sha256, the model digest, where
     it runs; the path as `/health` shows it (no machine path)."""
     from laya.digests import digests_of, short_digest
-    from laya.encoder.engine import device_of
     from laya.engines import artifact_files
     from laya.redaction import redact
 
     digests = digests_of(artifact_files(Path(args.model), model.checkpoint.path))
     return {"path": redact(str(model.checkpoint.path)), "source": redact(str(model.checkpoint.source)),
             "digests": digests, "model_digest": short_digest(digests),
-            "device": device_of(model.runtime)}
+            "device": model.runtime.info().device}
 
 
 def cmd_info(args: argparse.Namespace) -> int:

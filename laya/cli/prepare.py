@@ -97,7 +97,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     record = {"model": model.name, "runtime": choice.runtime, "options": choice.options,
               "precision": model.runtime.precision, "reason": choice.describe(),
               "seconds": round(time.monotonic() - began, 1),
-              "gate": getattr(model.runtime, "gate", None)}
+              "gate": model.runtime.info().gate}
     print(json.dumps(record, indent=2) if args.json else
           f"{model.name}: {choice.describe()} ({record['seconds']} s)")
     return 0

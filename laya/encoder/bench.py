@@ -232,7 +232,7 @@ def pick_candidates(force: bool = False, machine: Cpu | None = None) -> list[str
 
 def faithful(model: Model) -> bool:
     """fp32 runtimes are exact; reduced precisions only when their gate passed."""
-    gate = getattr(model.runtime, "gate", None)
+    gate = model.runtime.info().gate
     return gate is None or bool(gate.get("passed"))
 
 
@@ -266,7 +266,7 @@ def report_gates(models: dict[str, Model], skipped: dict[str, str], say=print) -
     from laya.encoder.gate import describe
 
     for spec, model in models.items():
-        gate = getattr(model.runtime, "gate", None)
+        gate = model.runtime.info().gate
         how = model.choice.describe() if model.choice else ""
         if gate:
             verdict = "passed" if gate.get("passed") else "FAILED (forced)"

@@ -622,12 +622,14 @@ def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: d
 
 def build_routed(checkpoint: Checkpoint, options: dict[str, Any],
                  build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> Runtime:
+    from laya.encoder.runtimes.coreml import CoremlRuntime
     from laya.encoder.runtimes.routed import RoutedRuntime
 
     neural_engine = build("coreml", checkpoint, {"executor": "coreml" if sys.platform == "darwin" else "torch",
                                                  "ane": True, **{k: v for k, v in options.items()
                                                                  if k in ("cache_dir", "compact")}})
     rest = build("mlx", checkpoint, {"precision": "fp16"})
+    assert isinstance(neural_engine, CoremlRuntime)
     return RoutedRuntime(neural_engine, rest)
 
 

@@ -91,10 +91,10 @@ class EncoderEngine(InProcessEngine):
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice
-        gate = getattr(self.model.runtime, "gate", None)
-        return {"kind": "encoder", "runtime": self.model.runtime.name, "precision": self.model.runtime.precision,
-                "device": device_of(self.model.runtime), **self.provenance(),
-                "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
+        info = self.model.runtime.info()
+        gate = info.gate
+        return {"kind": "encoder", "runtime": info.name, "precision": info.precision, "device": info.device,
+                **self.provenance(), "source": redact(self.model.checkpoint.source), "max_len": self.model.max_len,
                 **({"speed": dict(self.speed)} if self.speed else {}),
                 "runtime_choice": choice.describe() if choice else "named by the operator",
                 **({"runtime_measured": choice.measurement()} if choice and choice.measured else {}),
@@ -103,7 +103,7 @@ class EncoderEngine(InProcessEngine):
                                                   "envelope", "max_dp_by_kind", "held_out") if k in gate}}
                    if gate else {}),
                 **({"upgrade": self.model.upgrade.status()} if self.model.upgrade else {}),
-                **(self.model.runtime.details() if hasattr(self.model.runtime, "details") else {})}
+                **info.details}
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """`listener()` once auto's background upgrade has swapped in its pick (or given up): what
@@ -124,16 +124,6 @@ def time_full_row(model: Model) -> float:
     began = time.perf_counter()
     model.run([job.rows[0][0]])
     return time.perf_counter() - began
-
-
-def device_of(runtime: Any) -> str:
-    """Where a runtime computes: its GPU's name, else this processor's (what provenance reports)."""
-    device = getattr(runtime, "device", None)
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(device))
-    return cpu().model or platform.machine() or "cpu"
 
 
 def _check(job: Prepared, limits: Limits) -> None:

@@ -17,11 +17,10 @@ import numpy as np
 
 def _reference(model: Any) -> Any:
     """The PyTorch net of `model`'s checkpoint (the model's own when it runs on torch in fp32)."""
-    runtime = model.runtime
-    if getattr(runtime, "net", None) is not None and getattr(runtime, "precision", "fp32") == "fp32":
-        return runtime.net
     from laya.encoder.runtimes.pytorch import TorchRuntime
 
+    if isinstance(model.runtime, TorchRuntime):
+        return model.runtime.net
     return TorchRuntime(model.checkpoint).net
 
 

@@ -251,10 +251,10 @@ class Model:
     def _compacted(self, q: Question, state: StateTokens, row: Row) -> Row:
         """Compact mode (a runtime option, e.g. Core ML's `compact=True`): a row longer than the runtime's
         compact length is shortened to fit it, when its options fit the runtime's slots."""
-        length = getattr(self.runtime, "compact_length", None)
-        if not length or q.n_options > getattr(self.runtime, "compact_slots", q.n_options):
+        compact = self.runtime.compact()
+        if compact is None or q.n_options > compact.slots:
             return row
-        return compact_row(self.tokenizer, q, state, length, self.head_max_len, row)
+        return compact_row(self.tokenizer, q, state, compact.length, self.head_max_len, row)
 
     def tempered(self, q: Question, z: np.ndarray) -> np.ndarray:
         return decode.probabilities(z, self.temperatures.for_question(q.qtype, q.n_options))
@@ -458,7 +458,7 @@ class Model:
             "runtime": self.runtime.name,
             "precision": self.runtime.precision,
             "runtime_choice": self.choice.to_dict() if self.choice else None,
-            "gate": getattr(self.runtime, "gate", None),
+            "gate": self.runtime.info().gate,
             **({"upgrade": self.upgrade.status()} if self.upgrade else {}),
             "encoder": {
                 "id": ck.config.encoder,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import platform
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -21,12 +23,68 @@ if TYPE_CHECKING:
     from laya.encoder.checkpoint import Checkpoint
 
 
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What a runtime says of itself (provenance, `laya info`, /health, the benchmarks): one record, so
+    no caller probes a runtime for what it may or may not have."""
+
+    name: str
+    precision: str
+    device: str
+    plan: str | None = None
+    gate: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Compact prompts (Core ML's opt-in mode): rows longer than `length` tokens are shortened to it when
+    the question's options fit in `slots`, so they run on the Neural Engine's fixed-shape programs."""
+
+    length: int
+    slots: int
+
+
 @runtime_checkable
 class Runtime(Protocol):
     name: str
     precision: str
 
+    def info(self) -> RuntimeInfo: ...
+
+    def compact(self) -> Compact | None: ...
+
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class RuntimeBase:
+    """The contract's defaults: a CPU runtime with no gate, no plan and no compact mode. A runtime
+    overrides what it has (a gate record, a plan in `details`, a GPU, compact prompts)."""
+
+    name: str = ""
+    precision: str = "fp32"
+    gate: dict[str, Any] | None = None
+
+    def device_name(self) -> str:
+        """Where it computes: this processor (a GPU runtime names its GPU)."""
+        from laya.native.cpu import cpu
+
+        return cpu().model or platform.machine() or "cpu"
+
+    def details(self) -> dict[str, Any]:
+        return {}
+
+    def info(self) -> RuntimeInfo:
+        details = self.details()
+        plan = details.get("plan")
+        return RuntimeInfo(self.name, self.precision, self.device_name(), plan if isinstance(plan, str) else None,
+                           self.gate, details)
+
+    def compact(self) -> Compact | None:
+        return None
+
+    def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
 
 
 # name -> (module, class, the import that must succeed for it to be available)

@@ -33,6 +33,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.bundle import bundle_to_run, read_manifest
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import Compact, RuntimeBase
 from laya.encoder.runtimes.mil import erf
 from laya.errors import CheckpointError, RuntimeUnavailable
 
@@ -123,14 +124,14 @@ def check_options(executor: str, compute_units: str) -> None:
             "for verification")
 
 
-class CoremlRuntime:
+class CoremlRuntime(RuntimeBase):
     name = "coreml"
 
     def __init__(self, checkpoint: Checkpoint, compute_units: str = "cpu_and_gpu", executor: str = "coreml",
                  ane: bool = True, precision: str = "fp16", bundle: str | os.PathLike | None = None,
                  programs: Programs | None = None, compact: bool = False):
         check_options(executor, compute_units)
-        self.compact = compact
+        self.compact_mode = compact
         self.executor, self.compute_units = executor, compute_units
         self.routed = {"ane": 0, "general": 0}  # rows sent to each kind of program
         self.pad_id = checkpoint.tokenizer.pad_id
@@ -172,15 +173,12 @@ class CoremlRuntime:
         model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, COMPUTE_UNITS.get(units, units)))
         return lambda feeds: {k: np.asarray(v) for k, v in model.predict(feeds).items()}
 
-    @property
-    def compact_length(self) -> int | None:
+    def compact(self) -> Compact | None:
         """Compact mode (opt-in): rows are shortened to the largest Neural Engine bucket (see
         `laya.encoder.rows.compact_row`), so compact prompts run there instead of the general program."""
-        return max(self.programs.buckets) if self.compact and self.programs.buckets else None
-
-    @property
-    def compact_slots(self) -> int:
-        return self.programs.slots
+        if not (self.compact_mode and self.programs.buckets):
+            return None
+        return Compact(max(self.programs.buckets), self.programs.slots)
 
     # running
     def bucket_for(self, n_tokens: int, n_markers: int) -> int | None:

@@ -44,6 +44,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint, TensorFile
 from laya.encoder.gate import GateFailed, cached_gate, describe, measure
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.buckets import DEFAULT_MAX_ROWS, GraphCache, Key, Pass, all_buckets, pack
 from laya.encoder.runtimes.rownet import Plan, RowNet
 from laya.errors import RuntimeUnavailable
@@ -218,7 +219,7 @@ class BucketRunner:
         return logits, acts
 
 
-class CudaRuntime:
+class CudaRuntime(RuntimeBase):
     """`runtime="cuda"`: see the module's docstring. `warm=False` captures a bucket the first time it is
     used instead of all of them at load (scripts and tests that touch a few shapes); `max_rows` is the
     largest pass (a server's `max_batch_rows`); `graphs=False` runs the same passes eagerly."""
@@ -316,6 +317,11 @@ class CudaRuntime:
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         return self.runner.forward(batch)
+
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return str(torch.cuda.get_device_name(self.device))
+        return super().device_name()
 
     def details(self) -> dict[str, Any]:
         """What runs, for `laya info`, /health and the benchmarks."""

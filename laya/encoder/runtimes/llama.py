@@ -34,6 +34,7 @@ from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.gate import GateFailed
 from laya.encoder.numpy_head import NumpyHead
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError, RuntimeUnavailable
 
 PRECISIONS = ("f32", "f16", "q8_0")
@@ -243,7 +244,7 @@ def llama_gelu_error() -> float:
     return gelu_error(states)
 
 
-class LlamaRuntime:
+class LlamaRuntime(RuntimeBase):
     name = "llama"
 
     def __init__(self, checkpoint: Checkpoint, precision: str = "f32", threads: int | None = None,

@@ -23,6 +23,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.bundle import is_bundle, read_manifest
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError
 
 PRECISIONS = ("auto", "fp32", "fp16")
@@ -46,7 +47,7 @@ def mlx_length(n: int) -> int:
         size *= 2
 
 
-class MlxRuntime:
+class MlxRuntime(RuntimeBase):
     name = "mlx"
 
     def __init__(self, checkpoint: Checkpoint, precision: str = "auto", compile: bool = True):

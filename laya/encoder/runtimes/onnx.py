@@ -16,6 +16,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError
 from laya.native.placement import Placement, plan
 
@@ -57,7 +58,7 @@ def _session(path: Path, threads: int | None) -> tuple[Any, Placement | None]:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), placement
 
 
-class OnnxRuntime:
+class OnnxRuntime(RuntimeBase):
     name = "onnx"
 
     def __init__(self, checkpoint: Checkpoint, precision: str = "fp32", threads: int | None = None,

@@ -35,6 +35,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint, TensorFile
 from laya.encoder.gate import GateFailed, cached_gate, describe, measure
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.compiled import (
     cached_program,
     compile_row_program,
@@ -102,7 +103,7 @@ def _eager(net: RowNet) -> Row:
     return lambda emb, pos, mask, qtype: net(emb, None, pos, mask, qtype)
 
 
-class PackedRuntime:
+class PackedRuntime(RuntimeBase):
     """`runtime="packed"`: see the module's docstring."""
 
     name = "packed"

@@ -17,6 +17,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.config import EncoderConfig
 from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import RuntimeUnavailable
 
 
@@ -162,7 +163,7 @@ def act_features(z: torch.Tensor) -> torch.Tensor:
     return torch.stack([top[0], top[0] - top[1], entropy, kk / 255.0])
 
 
-class TorchRuntime:
+class TorchRuntime(RuntimeBase):
     """`runtime="torch"`: fp32 on the CPU, deterministic, the reference every other runtime is held to."""
 
     name = "torch"

@@ -4,12 +4,16 @@ Mac with both installed; also built elsewhere from the Core ML torch executor to
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from laya.encoder.batch import Batch
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.runtimes.base import Compact, Runtime, RuntimeBase
+
+if TYPE_CHECKING:
+    from laya.encoder.runtimes.coreml import CoremlRuntime
 
 
 def take(batch: Batch, rows: list[int]) -> Batch:
@@ -21,23 +25,18 @@ def take(batch: Batch, rows: list[int]) -> Batch:
                  qtype=batch.qtype[rows])
 
 
-class RoutedRuntime:
+class RoutedRuntime(RuntimeBase):
     """Each row to the Neural Engine program it fits, else to `rest`; answers in the batch's order."""
 
-    def __init__(self, neural_engine: Any, rest: Any):
+    def __init__(self, neural_engine: CoremlRuntime, rest: Runtime):
         self.neural_engine, self.rest = neural_engine, rest
         self.name = f"{neural_engine.name}+{rest.name}"
         self.precision = f"{neural_engine.precision}+{rest.precision}"
         self.routed = {"neural_engine": 0, "rest": 0}
-        self.gate = getattr(rest, "gate", None)
+        self.gate = rest.info().gate
 
-    @property
-    def compact_length(self) -> int | None:
-        return getattr(self.neural_engine, "compact_length", None)
-
-    @property
-    def compact_slots(self) -> int:
-        return getattr(self.neural_engine, "compact_slots", 0)
+    def compact(self) -> Compact | None:
+        return self.neural_engine.compact()
 
     def fits(self, n_tokens: int, n_markers: int) -> bool:
         return self.neural_engine.bucket_for(n_tokens, n_markers) is not None
