@@ -121,8 +121,36 @@ def merged(request: Request, parts: list[list[SystemOneResponse]]) -> list[Syste
             if q.qtype == "choice" and len(readings) > 1:
                 answers[q.qid] = averaged(q, readings, request.options.order)
         tokens = sum(part[i].input_tokens for part in parts)
-        out.append(replace(base, answers=answers, input_tokens=tokens))
+        usage = base.x_usage
+        if usage is not None and "rows" in usage:  # every order's rows were read
+            usage = {**usage, "rows": sum((part[i].x_usage or {}).get("rows", 0) for part in parts)}
+        out.append(replace(base, answers=answers, input_tokens=tokens, x_usage=usage))
     return out
+
+
+PLAN_COUNTS = ("rows", "tokens", "input_tokens", "question_tokens", "decisions")  # what each order adds
+
+
+def planned_in_orders(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per state, the plan of a request read in several orders from each part's per-state plans (the
+    parts `parts_of` makes, planned apart): the first part's entries with every later part's rows,
+    tokens and decisions added, to the state's figures and to each question's, and each question read
+    more than once saying how often (`orders`). A request read in K orders is planned at K times the
+    rows of what each order reads again, as `prepare_in_orders` prepares it."""
+    out = parts[0]
+    for later in parts[1:]:
+        for state, more in zip(out, later):
+            _add(state, more)
+            for qid, entry in more["questions"].items():
+                _add(state["questions"][qid], entry)
+                state["questions"][qid]["orders"] = state["questions"][qid].get("orders", 1) + 1
+    return out
+
+
+def _add(into: dict[str, Any], more: dict[str, Any]) -> None:
+    for key in PLAN_COUNTS:
+        if key in into and key in more:
+            into[key] += more[key]
 
 
 def averaged(question: Question, readings: list[Answer], order: str) -> Answer:

@@ -10,6 +10,7 @@ engine has no use for) and never validates the request again. A request's option
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -23,6 +24,51 @@ from laya.tournament import group_problem, tournament_rows
 
 MAX_LANG_CHARS = 35  # BCP 47's longest registered tags are shorter
 AGGREGATES = ("auto",)
+
+# `min_confidence` / `x_min_confidence`: the caller's own abstention gate, one number in [0, 1] or a map from
+# option-count buckets ("choice:3-5", "noul:2", ... and "default") to numbers; `laya.structured.gate` applies it
+KINDS = ("choice", "score", "noul")
+SIZES = ("2", "3-5", "6-10", "11+")
+DEFAULT_KEY = "default"
+BUCKETS = frozenset(f"{kind}:{size}" for kind in KINDS for size in SIZES) | {DEFAULT_KEY}
+
+Threshold = float | dict[str, float]
+
+
+def _one(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0.0 <= value <= 1.0:
+        raise QuestionError(f"min_confidence must be a float in [0.0, 1.0], got {value!r}"[:300],
+                            error_type="invalid_min_confidence")
+    return float(value)
+
+
+def check_min_confidence(value: Any) -> Threshold | None:
+    """The threshold validated (None stays None), or a `QuestionError` naming what is wrong; an unknown
+    bucket is refused, since a bucket the caller believes is gated but is not would gate nothing."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise QuestionError("a min_confidence map must be a non-empty dict of bucket -> float",
+                                error_type="invalid_min_confidence")
+        out = {}
+        for key, threshold in value.items():
+            if not isinstance(key, str) or key not in BUCKETS:
+                raise QuestionError(f"min_confidence map keys must be a bucket like 'choice:3-5' or 'default', "
+                                    f"got {key!r}"[:300], error_type="invalid_min_confidence")
+            out[key] = _one(threshold)
+        return out
+    return _one(value)
+
+
+def check_strict(min_confidence: Threshold | None, strict: bool) -> None:
+    """A strict answer has no `x_` field, so it cannot carry the gate's marks: both at once is refused
+    rather than one of them dropped."""
+    if strict and min_confidence is not None:
+        raise QuestionError("min_confidence marks answers with x_ fields (x_low_confidence, x_abstention), which a "
+                            "strict answer (X-Laya-Strict, --strict, strict=True) leaves out: ask for one of them",
+                            error_type="invalid_min_confidence")
 
 
 @dataclass(frozen=True)
@@ -55,6 +101,15 @@ def order_problem(order: Any) -> str | None:
             return None
     return (f"x_order must be 'as_given', 'both' or 'rotate:K' with K from 2 to {MAX_ROTATIONS}, got "
             f"{order!r}")[:300]
+
+
+def order_count(order: str, n_options: int) -> int:
+    """How many orders `x_order` reads a choice of `n_options` in (`laya.orders.permutations`' count)."""
+    if order == "both":
+        return 2
+    if order.startswith("rotate:"):
+        return min(int(order.removeprefix("rotate:")), n_options)
+    return 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +145,9 @@ class Request:
     model: str | None = None
     lang: str | None = None  # "model": "auto": the caller's language code, decisive when it names one
     batch: bool = False
+    # `x_min_confidence`: applied to the answers where they are rendered as JSON (`laya.structured.gate`),
+    # never by an engine, so it stays out of `options` (what engines read, and an engine process keys by)
+    min_confidence: Threshold | None = None
 
     @classmethod
     def of(cls, states: list[Any], questions: Any, *, reuse_prefix: bool = True, tournament: int | None = None,
@@ -111,11 +169,12 @@ class Request:
     @property
     def rows(self) -> int:
         """The rows it asks for: one per state and question, every group and final row of a tournament it
-        asks for (`tournament`) counted; what only the model can count (a choice whose markers overflow the
-        row, a scan's windows) the engine's job adds."""
-        group = self.options.tournament
-        per_state = sum(tournament_rows(q.n_options, group) if group and q.qtype == "choice" and q.n_options > group
-                        else 1 for q in self.questions)
+        asks for (`tournament`) counted, a choice's as many times as it is read in orders (`x_order`); what
+        only the model can count (a choice whose markers overflow the row, a scan's windows, a chat model's
+        other questions read again with each order) the engine's job adds."""
+        group, order = self.options.tournament, self.options.order
+        per_state = sum((tournament_rows(q.n_options, group) if group and q.n_options > group else 1)
+                        * order_count(order, q.n_options) if q.qtype == "choice" else 1 for q in self.questions)
         return len(self.states) * per_state
 
     def with_states(self, states: list[Any]) -> Request:
@@ -194,6 +253,7 @@ def parse_request(body: Any, *, batch: bool = False, limits: Limits | None = Non
     else:
         parsed = (VALIDATED if from_json else check_questions)(body["questions"], problems)
     options = options_of(body, problems, default_order)
+    threshold = threshold_of(body, problems)
     lang = body.get("x_lang")
     if lang is not None and (not isinstance(lang, str) or len(lang) > MAX_LANG_CHARS):
         problems.append(Problem(("x_lang",), f"x_lang must be a language code such as 'en' or 'pt-BR' (at most "
@@ -201,7 +261,16 @@ def parse_request(body: Any, *, batch: bool = False, limits: Limits | None = Non
     if problems:
         raise ApiError(422, render_problems(problems))
     states = tuple(state or ()) if batch else (state,)
-    return Request(states, tuple(parsed), options, model=model, lang=lang, batch=batch)
+    return Request(states, tuple(parsed), options, model=model, lang=lang, batch=batch, min_confidence=threshold)
+
+
+def threshold_of(body: dict[str, Any], problems: list[Problem]) -> Threshold | None:
+    """`x_min_confidence`: a number in [0, 1] or a map of option-count buckets to numbers (None: no gate)."""
+    try:
+        return check_min_confidence(body.get("x_min_confidence"))
+    except QuestionError as exc:
+        problems.append(Problem(("x_min_confidence",), str(exc), "min_confidence_type"))
+        return None
 
 
 def options_of(body: dict[str, Any], problems: list[Problem], default_order: str = AS_GIVEN) -> Options:

@@ -14,11 +14,20 @@ from typing import Any
 from laya.api import MAX_TOKENS_ONE
 from laya.limits import Limits
 from laya.questions import MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS
+from laya.request import AS_GIVEN, BUCKETS
 from laya.tournament import MAX_GROUP, MIN_GROUP
 
 TEXT: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
                         "description": "structured text: a string, a JSON object or a JSON array"}
 OPTIONAL_TEXT: dict[str, Any] = {"anyOf": [*TEXT["anyOf"], {"type": "null"}]}
+PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
+THRESHOLD: dict[str, Any] = {
+    "anyOf": [PROBABILITY, {"type": "object", "minProperties": 1, "propertyNames": {"enum": sorted(BUCKETS)},
+                            "additionalProperties": PROBABILITY}, {"type": "null"}],
+    "description": "an answer whose top probability is below this (one number, or one per option-count bucket "
+                   "such as choice:3-5, and default) is marked x_low_confidence; every answer gets x_abstention"}
+ROTATE = "^rotate:0*([2-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$"  # rotate:2 .. rotate:255 (MAX_ROTATIONS)
+NOT_A_CHOICE = {"type": "null", "description": "x_shortlist is for choice questions"}
 TRUE_OR_FALSE = {"pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"}
 INSTRUCTIONS = {**OPTIONAL_TEXT, "description": "what to decide, in words"}
 
@@ -32,18 +41,23 @@ def question_schema() -> dict[str, Any]:
         "labels": {"anyOf": [{"type": "null"}, {
             "type": "object", "minProperties": 2, "maxProperties": 2, "propertyNames": TRUE_OR_FALSE,
             "additionalProperties": {"type": "string", "pattern": "\\S"},
-            "description": "the names the answer uses for false and true (two different non-empty strings)"}]}}}
+            "description": "the names the answer uses for false and true (two different non-empty strings)"}]},
+        "x_shortlist": NOT_A_CHOICE}}
     choice = {"type": "object", "title": "choice", "required": ["type", "criteria"], "properties": {
         "type": {"const": "choice"}, "instructions": INSTRUCTIONS,
         "criteria": {"oneOf": [
             {"type": "object", "minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS,
              "additionalProperties": OPTIONAL_TEXT, "description": "option name -> description (or null)"},
             {"type": "array", "minItems": MIN_OPTIONS, "maxItems": MAX_OPTIONS, "uniqueItems": True,
-             "items": {"type": "string"}, "description": "option names"}]}}}
+             "items": {"type": "string"}, "description": "option names"}]},
+        "x_shortlist": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_OPTIONS,
+                        "description": "answer on the K options nearest the state (a laya encoder's embeddings), "
+                                       "the rest at probability 0"}}}
     score = {"type": "object", "title": "score", "required": ["type", "criteria"], "properties": {
         "type": {"const": "score"}, "instructions": INSTRUCTIONS,
         "criteria": {"type": "array", "minItems": MIN_LEVELS, "maxItems": MAX_LEVELS, "items": TEXT,
-                     "description": "level descriptions, level 0 first"}}}
+                     "description": "level descriptions, level 0 first"},
+        "x_shortlist": NOT_A_CHOICE}}
     return {"oneOf": [noul, choice, score], "discriminator": {"propertyName": "type"}}
 
 
@@ -81,6 +95,12 @@ def request_schema(limits: Limits | None = None, *, batch: bool = False) -> dict
                                "kept, a conversation's end), keeps its start or its end, or is scanned in "
                                "overlapping windows (0 or none: the model's defaults), each answer from its "
                                "deciding window (x_window)"},
+            "x_order": {"anyOf": [{"enum": [AS_GIVEN, "both"]}, {"type": "string", "pattern": ROTATE},
+                                  {"type": "null"}],
+                        "description": "each choice read in these option orders, its probabilities averaged: "
+                                       "as_given (the server's default unless it sets one), both (as given and "
+                                       "reversed) or rotate:K (K cyclic rotations)"},
+            "x_min_confidence": THRESHOLD,
             "x_lang": {"type": ["string", "null"], "maxLength": 35,
                        "description": "with \"model\": \"auto\": the state's language code (decisive when it "
                                       "names a language; blank lets detection decide)"},
@@ -107,8 +127,7 @@ def chat_schema() -> dict[str, Any]:
                     "schema": {"type": "object", "description": "an object whose properties are enums, "
                                                                 "booleans or integers with integer bounds"}}}}},
             "n": {"const": 1}, "stream": {"enum": [False, None]},
-            "x_min_confidence": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "object"},
-                                           {"type": "null"}],
-                                 "description": "fields whose top probability is below this come back null"},
+            "x_min_confidence": {**THRESHOLD, "description": "fields whose top probability is below this come back "
+                                                            "null"},
         },
     }

@@ -41,6 +41,12 @@ ACCEPTED = [
     body(x_overflow="truncate"), body(x_overflow="keep_start"), body(x_overflow="keep_end"), body(x_overflow=None),
     body(x_overflow={"scan": {}}), body(x_overflow={"scan": {"window": 64, "stride": 0, "aggregate": "auto"}}),
     body(x_overflow={"scan": {"window": None, "stride": 32}}),
+    body(x_order="both"), body(x_order="rotate:4"), body(x_order="rotate:255"), body(x_order="as_given"),
+    body(x_order=None),
+    body(x_min_confidence=0.5), body(x_min_confidence=0), body(x_min_confidence=None),
+    body(x_min_confidence={"choice:3-5": 0.7, "default": 0.5}),
+    body({"type": "choice", "criteria": ["a", "b", "c"], "x_shortlist": 2}),
+    body({"type": "noul", "x_shortlist": None}),
 ]
 
 REFUSED = [
@@ -86,6 +92,13 @@ REFUSED = [
     body(x_overflow={"scan": {"stride": 2.5}}), body(x_overflow={"scan": {"aggregate": "mean"}}),
     body(x_overflow={"scan": {"windows": 3}}), body(x_overflow={"scan": {}, "more": 1}),
     body(x_overflow={"scan": {"window": 40000}}),
+    body(x_order="sideways"), body(x_order="rotate:1"), body(x_order="rotate:256"), body(x_order=2),
+    body(x_order="rotate:\u00b2"),
+    body(x_min_confidence=1.5), body(x_min_confidence=True), body(x_min_confidence="0.5"), body(x_min_confidence={}),
+    body(x_min_confidence={"choice:7": 0.5}), body(x_min_confidence={"default": 2}),
+    body({"type": "noul", "x_shortlist": 2}), body({"type": "choice", "criteria": ["a", "b"], "x_shortlist": 0}),
+    body({"type": "choice", "criteria": ["a", "b"], "x_shortlist": True}),
+    body({"type": "choice", "criteria": ["a", "b"], "x_shortlist": 256}),
 ]
 
 BATCH_ACCEPTED = [{"states": ["a", {"b": 1}, ["c"]], "questions": {"q": NOUL}}]

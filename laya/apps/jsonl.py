@@ -1,12 +1,12 @@
 """`laya predict -i in.jsonl -o out.jsonl`: many requests, one per line, answered in order.
 
 A line is a System One request body (`{"id"?, "state", "questions"?, "model"?, "tournament"?,
-"x_overflow"?, ...}`) or a bare JSON string (a state); `--questions` gives the lines that have none
-one shared set. Every line gets exactly one output line, in input order: `{"id", "line", "response"}`
-or, for a line that cannot be answered, `{"id", "line", "error": {"status", "type", "message"}}`
-naming the problem, while the run goes on. The id is the line's own `id`, else its line number; ids
-already in the output are skipped, so a run that was stopped resumes where it stopped (a torn last
-line, from a kill mid-write, is cut off first).
+"x_overflow"?, "x_order"?, "x_min_confidence"?, ...}`: docs/request-options.md) or a bare JSON string
+(a state); `--questions` gives the lines that have none one shared set. Every line gets exactly one
+output line, in input order: `{"id", "line", "response"}` or, for a line that cannot be answered,
+`{"id", "line", "error": {"status", "type", "message"}}` naming the problem, while the run goes on.
+The id is the line's own `id`, else its line number; ids already in the output are skipped, so a run
+that was stopped resumes where it stopped (a torn last line, from a kill mid-write, is cut off first).
 
 Lines are answered either here, by an engine (the encoder's coalesce their rows into shared forward
 passes, `CHUNK` lines at a time), or by a running `laya serve` (`--url`: no model load, at most
@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from laya.api import ApiError, error_body
+from laya.api import STRICT_HEADER, ApiError, error_body
 from laya.apps.outbound import bearer, check_key_transport, request
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
-from laya.request import parse_request
+from laya.request import check_strict, parse_request
+from laya.structured.gate import apply_gate
 
 MAX_LINE_BYTES = 8 * 1024 * 1024  # the server's default body bound
 MAX_ID_CHARS = 200
@@ -256,14 +257,15 @@ def write(sink: IO[str], line: Line, outcome: dict[str, Any], tally: Tally, bar:
 # --- answered here ---------------------------------------------------------------------------------
 
 
-def local_answer(engine: Any, limits: Limits | None = None) -> Answer:
+def local_answer(engine: Any, limits: Limits | None = None, strict: bool = False) -> Answer:
     """Lines answered by an engine in this process: each validated and prepared alone (a bad line
-    is its own error), the good ones of a chunk run in one `execute`."""
+    is its own error), the good ones of a chunk run in one `execute`; each answer marked against its
+    line's `x_min_confidence`, and with the contract's fields only when `strict` (`--strict`)."""
     limits = limits or Limits()
 
     def answer(lines: list[Line]) -> list[dict[str, Any]]:
         outcomes: list[dict[str, Any] | None] = [None] * len(lines)
-        jobs, where = [], []
+        jobs, where, gates = [], [], []
         for i, line in enumerate(lines):
             if line.error is not None:
                 outcomes[i] = {"error": line.error}
@@ -273,58 +275,64 @@ def local_answer(engine: Any, limits: Limits | None = None) -> Answer:
                 if req.model not in (None, engine.info.name):
                     raise QuestionError(f"this run answers with {engine.info.name!r}, not {req.model!r}",
                                         error_type="unknown_model")
+                check_strict(req.min_confidence, strict)
                 jobs.append(engine.prepare(req, limits=limits))
                 where.append(i)
+                gates.append(req.min_confidence)
             except ApiError as exc:
                 outcomes[i] = {"error": api_failure(exc)}
             except (QuestionError, LayaError) as exc:
                 outcomes[i] = {"error": failure(422, getattr(exc, "error_type", "invalid_request"), str(exc))}
-        for i, results in zip(where, _execute(engine, jobs)):
+        for i, gate, results in zip(where, gates, _execute(engine, jobs, strict)):
+            if "response" in results:
+                apply_gate([results["response"]], gate)
             outcomes[i] = results
         return outcomes  # type: ignore[return-value]
 
     return answer
 
 
-def _execute(engine: Any, jobs: list[Any]) -> list[dict[str, Any]]:
+def _execute(engine: Any, jobs: list[Any], strict: bool = False) -> list[dict[str, Any]]:
     if not jobs:
         return []
     try:
-        return [_response(engine, results) for results in engine.execute(jobs)]
+        return [_response(engine, results, strict) for results in engine.execute(jobs)]
     except (QuestionError, LayaError):
         if len(jobs) == 1:
             raise
     out = []
     for job in jobs:  # one job's failure must not take the chunk's others with it
         try:
-            out.append(_response(engine, engine.execute([job])[0]))
+            out.append(_response(engine, engine.execute([job])[0], strict))
         except (QuestionError, LayaError) as exc:
             out.append({"error": failure(422, getattr(exc, "error_type", "invalid_request"), str(exc))})
     return out
 
 
-def _response(engine: Any, results: list[Any]) -> dict[str, Any]:
+def _response(engine: Any, results: list[Any], strict: bool = False) -> dict[str, Any]:
     (result,) = results
     result.model = engine.info.name
-    return {"response": result.to_json()}
+    return {"response": result.to_json(strict)}
 
 
 # --- answered by a running server --------------------------------------------------------------------
 
 
 def remote_answer(url: str, api_key: str | None, concurrency: int = 4, timeout_s: float = 120.0,
-                  sleep: Callable[[float], None] = time.sleep, timed: bool = False, rate: float | None = None
-                  ) -> Answer:
+                  sleep: Callable[[float], None] = time.sleep, timed: bool = False, rate: float | None = None,
+                  strict: bool = False) -> Answer:
     """Lines sent to a running `laya serve` (`/v1/systemone`), at most `concurrency` at once; a
     429 or 503 is retried after its `Retry-After`, a 4xx is the line's error as the server words it.
     `timed`: an answer also gives the milliseconds of the request that answered it (`ms`). `rate`:
-    at most that many requests a second (retries included)."""
+    at most that many requests a second (retries included). `strict`: asked of the server
+    (`X-Laya-Strict: 1`)."""
     import httpx
 
     if concurrency < 1:
         raise LayaError(f"--concurrency must be at least 1, got {concurrency}")
     check_key_transport(url, api_key, url)
-    client = httpx.Client(base_url=url.rstrip("/"), headers=bearer(api_key), timeout=timeout_s)
+    headers = {**bearer(api_key), **({STRICT_HEADER: "1"} if strict else {})}
+    client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="laya-jsonl")
     lock = threading.Lock()
     unreachable: list[str] = []

@@ -444,9 +444,11 @@ def _request_tools(backend: Backend) -> list[Callable[..., Awaitable[Any]]]:
     async def predict(request: Annotated[dict[str, Any], Field(
                           description="A System One request body: {\"state\": ..., \"questions\": {id: {\"type\": "
                                       "\"choice\"|\"score\"|\"noul\", \"instructions\": ..., \"criteria\": ...}}, "
-                                      "optional \"tournament\", \"x_overflow\"}; choice criteria are a map option -> "
-                                      "description or a list of options, score criteria a list of levels, noul "
-                                      "criteria optional {\"true\", \"false\"} descriptions")],
+                                      "optional \"tournament\", \"x_overflow\", \"x_order\", \"x_min_confidence\", "
+                                      "\"reuse_prefix\" (docs/request-options.md)}; choice criteria are a map option "
+                                      "-> description or a list of options (optional \"x_shortlist\": K), score "
+                                      "criteria a list of levels, noul criteria optional {\"true\", \"false\"} "
+                                      "descriptions")],
                       ctx: Context | None = None) -> dict[str, Any]:
         """Several questions about one state in one call (they share the model's reading of the state):
         the full System One request, answered as `laya serve`'s POST /v1/systemone answers it. Returns

@@ -135,6 +135,15 @@ def overflow_arg(args: argparse.Namespace) -> Overflow:
     return args.overflow
 
 
+def order_arg(value: str) -> str:
+    """`--order` checked as a request's `x_order` is (as_given, both, rotate:K)."""
+    from laya.request import order_problem
+
+    if (message := order_problem(value)) is not None:
+        raise argparse.ArgumentTypeError(message)
+    return value
+
+
 def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """The options `load_model` reads: which model, on which runtime, at which precision."""
     parser.add_argument("--model", "-m", required=required, help="checkpoint folder, registered name or Hub id")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from laya.apps.outbound import read_key_file
-from laya.cli.common import PROBE_HELP, Subparsers, UsageError
+from laya.cli.common import PROBE_HELP, Subparsers, UsageError, order_arg
 from laya.engines import is_gguf
 
 
@@ -44,21 +44,13 @@ def register(sub: Subparsers) -> None:
     ev.add_argument("--lens", metavar="FILE", help="laya checkpoints: append each answer's per-layer lens to FILE "
                                                    "(the head applied to every encoder layer's states) and print "
                                                    "the layer at which answers settle")
-    ev.add_argument("--order", type=_order, help="every request's x_order: both or rotate:K (each choice read in "
-                                                 "those option orders, its probabilities averaged)")
+    ev.add_argument("--order", type=order_arg, help="every request's x_order: both or rotate:K (each choice read "
+                                                    "in those option orders, its probabilities averaged)")
     ev.add_argument("--order-sensitivity", action="store_true",
                     help="ask each record again with every choice's options reversed and report, per method, the "
                          "largest change of an option's probability")
     ev.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ev.set_defaults(func=cmd_eval)
-
-
-def _order(value: str) -> str:
-    from laya.request import order_problem
-
-    if (message := order_problem(value)) is not None:
-        raise argparse.ArgumentTypeError(message)
-    return value
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from laya.apps.outbound import bearer, check_key_transport, read_key_file, request
 from laya.cli import common
-from laya.cli.common import READOUT_HELP, Subparsers, UsageError, json_arg, overflow_arg, state_arg
+from laya.cli.common import READOUT_HELP, Subparsers, UsageError, json_arg, order_arg, overflow_arg, state_arg
 from laya.errors import LayaError, QuestionError
 from laya.limits import Limits
 
@@ -31,6 +31,8 @@ def register(sub: Subparsers) -> None:
     pln.add_argument("--overflow", choices=["truncate", "keep_start", "keep_end", "scan"], help="as for predict")
     pln.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
     pln.add_argument("--stride", type=int, metavar="N", help="with --overflow scan: tokens between windows")
+    pln.add_argument("--order", type=order_arg, metavar="ORDER",
+                     help="as for predict: each choice's rows counted once per order")
     pln.add_argument("--pretty", action="store_true", help="indent the JSON output")
     pln.set_defaults(func=cmd_plan)
 
@@ -47,15 +49,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.url is not None:
         out = _remote_plan(args, {"state": state, "questions": questions,
                                   **({"tournament": args.tournament} if args.tournament is not None else {}),
-                                  **({"x_overflow": _overflow_body(overflow)} if overflow is not None else {})})
+                                  **({"x_overflow": _overflow_body(overflow)} if overflow is not None else {}),
+                                  **({"x_order": args.order} if args.order is not None else {})})
     else:
         from laya.plan import report
-        from laya.request import Request
+        from laya.request import AS_GIVEN, Request
 
         engine = common.make_engine(args)
         try:
-            out = engine.plan(Request.of([state], questions, tournament=args.tournament, overflow=overflow),
-                              limits=Limits())
+            out = engine.plan(Request.of([state], questions, tournament=args.tournament, overflow=overflow,
+                                         order=args.order or AS_GIVEN), limits=Limits())
         except QuestionError as exc:  # refused before the engine: the report says so, as a server's 422 would
             out = report(engine.info.name, engine.describe(), Limits(), states=[], exact=True, refused=exc,
                          figures={"states": 1, "questions": len(questions) if isinstance(questions, dict) else 0})

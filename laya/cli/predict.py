@@ -10,7 +10,17 @@ from pathlib import Path
 
 from laya.apps.outbound import read_key_file
 from laya.cli import common
-from laya.cli.common import PROBE_HELP, READOUT_HELP, Subparsers, UsageError, json_arg, overflow_arg, state_arg
+from laya.cli.common import (
+    PROBE_HELP,
+    READOUT_HELP,
+    Subparsers,
+    UsageError,
+    json_arg,
+    order_arg,
+    overflow_arg,
+    state_arg,
+)
+from laya.request import AS_GIVEN
 
 
 def register(sub: Subparsers) -> None:
@@ -45,6 +55,11 @@ def register(sub: Subparsers) -> None:
                               "conversation's end), keep_start, keep_end, or scan it in overlapping windows")
     predict.add_argument("--window", type=int, metavar="N", help="with --overflow scan: state tokens per window")
     predict.add_argument("--stride", type=int, metavar="N", help="with --overflow scan: tokens between windows")
+    predict.add_argument("--order", type=order_arg, metavar="ORDER",
+                         help="read each choice in these option orders and average them (x_order): as_given (the "
+                              "default), both (as given and reversed) or rotate:K")
+    predict.add_argument("--strict", action="store_true",
+                         help="answers with the contract's fields only, no x_ extension (a JSONL run's too)")
     predict.set_defaults(func=cmd_predict)
 
 
@@ -63,7 +78,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model = common.load_model(args)
     overflow = overflow_arg(args)
     response = model.predict(state, questions, tournament=args.tournament, min_confidence=args.min_confidence,
-                             overflow=overflow)
+                             overflow=overflow, order=args.order or AS_GIVEN, strict=args.strict)
     print(json.dumps(response, ensure_ascii=False, indent=2 if args.pretty else None))
     return 0
 
@@ -76,10 +91,11 @@ def predict_lines(args: argparse.Namespace) -> int:
         raise UsageError("a JSONL run takes both -i IN.jsonl and -o OUT.jsonl")
     for flag, value in (("--state", args.state), ("--state-json", args.state_json or None),
                         ("--tournament", args.tournament), ("--min-confidence", args.min_confidence),
-                        ("--overflow", args.overflow), ("--window", args.window), ("--stride", args.stride)):
+                        ("--overflow", args.overflow), ("--window", args.window), ("--stride", args.stride),
+                        ("--order", args.order)):
         if value is not None:
             raise UsageError(f"{flag} is per request in a JSONL run: put it in the lines (\"state\", "
-                             "\"tournament\", \"x_overflow\")")
+                             "\"tournament\", \"x_min_confidence\", \"x_overflow\", \"x_order\")")
     source, out = Path(args.input), Path(args.output)
     if not source.is_file():
         raise UsageError(f"-i {source}: no such file")
@@ -91,12 +107,12 @@ def predict_lines(args: argparse.Namespace) -> int:
             raise UsageError("--url sends the lines to a running server, which has its models: drop --model "
                              "(or put \"model\" in the lines)")
         answer = jsonl.remote_answer(args.url, read_key_file(args.api_key_file, "--api-key-file"),
-                                     args.concurrency or 4)
+                                     args.concurrency or 4, strict=args.strict)
         chunk = max(jsonl.CHUNK, 4 * (args.concurrency or 4))
     else:
         if args.model is None:
             raise UsageError("--model is required (or --url to use a running laya serve)")
-        answer, chunk = jsonl.local_answer(common.make_engine(args)), jsonl.CHUNK
+        answer, chunk = jsonl.local_answer(common.make_engine(args), strict=args.strict), jsonl.CHUNK
     try:
         tally = jsonl.run(jsonl.read_lines(source, questions), out, answer, total=jsonl.count_lines(source),
                           chunk=chunk, progress=not args.no_progress)

@@ -16,6 +16,7 @@ from laya.cli.common import (
     READOUT_HELP,
     Subparsers,
     UsageError,
+    order_arg,
     read_api_key,
     refuse_api_key_flag,
 )
@@ -54,14 +55,6 @@ def _positive(value: str) -> int:
     return number
 
 
-def _order(value: str) -> str:
-    from laya.request import order_problem
-
-    if (message := order_problem(value)) is not None:
-        raise argparse.ArgumentTypeError(message)
-    return value
-
-
 def register(sub: Subparsers) -> None:
     """Add `laya serve` to the subparsers `sub`."""
     srv = sub.add_parser("serve", help="serve /v1/systemone over HTTP")
@@ -80,7 +73,7 @@ def register(sub: Subparsers) -> None:
     srv.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with the reason: argv is public
     srv.add_argument("--public-metrics", action="store_true",
                      help="with a key: /metrics answers without it (a scraper on a trusted network)")
-    srv.add_argument("--order", default="as_given", type=_order,
+    srv.add_argument("--order", default="as_given", type=order_arg,
                      help="x_order of a request that does not say: as_given (default), both (as given and "
                           "reversed) or rotate:K (K rotations); each choice's probabilities averaged over its orders")
     srv.add_argument("--strict", action="store_true",

@@ -13,7 +13,7 @@ from laya.engine import InProcessEngine
 from laya.errors import Cancelled, QuestionError
 from laya.limits import UNLIMITED, Limits
 from laya.native.cpu import cpu
-from laya.orders import OrderedJob, execute_in_orders, prepare_in_orders
+from laya.orders import OrderedJob, execute_in_orders, parts_of, planned_in_orders, prepare_in_orders
 from laya.plan import HEADROOM, report
 from laya.questions import Question
 from laya.redaction import redact
@@ -83,16 +83,18 @@ class DecideEngine(InProcessEngine):
     def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
         """What `prepare` and the decisions would do with this request (`laya.plan`), prefilling
         nothing. Its token figures are the prompts' whole length: at most what is read, since a
-        prompt whose prefix is kept from an earlier decision reads only the rest."""
+        prompt whose prefix is kept from an earlier decision reads only the rest. With `x_order`, every
+        order's part (each with every question) planned and counted, as `prepare` prepares them."""
         figures = {"states": len(request.states), "questions": len(request.questions)}
         describe = self.describe()
         try:
-            job = self._prepare_one(request, limits=limits.times(HEADROOM))
+            jobs = [self._prepare_one(part, limits=limits.times(HEADROOM)) for part in parts_of(request, True)]
         except QuestionError as exc:
             return report(self.model.name, describe, limits, states=[], figures=figures, exact=False, refused=exc)
-        planned = [self._state_plan(p) for p in job.planned]
-        figures |= {"decisions": sum(s["decisions"] for s in planned),
-                    "tokens": sum(s["input_tokens"] for s in planned)}
+        parts = [[self._state_plan(p) for p in job.planned] for job in jobs]
+        tokens = max(sum(s["input_tokens"] for s in part) for part in parts)  # per order's part, as prepared
+        planned = planned_in_orders(parts)
+        figures |= {"decisions": sum(s["decisions"] for s in planned), "tokens": tokens}
         refused = None
         try:
             limits.check("decisions", figures["decisions"])

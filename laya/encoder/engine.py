@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,12 +10,11 @@ from typing import Any, ClassVar
 from laya.api import check_budgets
 from laya.encoder.model import Model, Prepared
 from laya.encoder.plan import plan_states
-from laya.encoder.shortlist import shortlist_request, widened
+from laya.encoder.shortlist import shortlist_request
 from laya.engine import WARMUP_QUESTIONS, InProcessEngine
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
-from laya.native.cpu import cpu
-from laya.orders import OrderedJob, execute_in_orders, prepare_in_orders
+from laya.orders import OrderedJob, execute_in_orders, parts_of, planned_in_orders, prepare_in_orders
 from laya.plan import HEADROOM, report
 from laya.redaction import redact
 from laya.request import Request
@@ -41,10 +39,12 @@ class EncoderEngine(InProcessEngine):
 
     def prepare(self, request: Request, *, limits: Limits = UNLIMITED, deadline: float | None = None
                 ) -> Prepared | OrderedJob:
-        """(`reuse_prefix` concerns the decide engine; an encoder has no kept state.) A tournament's rows
-        count against the limits: every group of every round and the final row. Past `deadline`
-        (monotonic) the job stops between forward passes, as a cancelled one does. With `x_order`, a
-        part per order (only the reordered choices: each question is a row of its own)."""
+        """(`reuse_prefix: false` is refused: it concerns the decide engine, and an encoder keeps no state.)
+        A tournament's rows count against the limits: every group of every round and the final row. Past
+        `deadline` (monotonic) the job stops between forward passes, as a cancelled one does. With
+        `x_order`, a part per order (only the reordered choices: each question is a row of its own)."""
+        refuse_reuse_prefix(request, self.model.name)
+
         def one(part: Request) -> Prepared:
             part, shortlists = shortlist_request(self.model, part)
             prepared = self.model.prepare_request(part, limits)
@@ -56,15 +56,20 @@ class EncoderEngine(InProcessEngine):
         return prepare_in_orders(request, one, limits, deadline, carry_all=False)
 
     def plan(self, request: Request, *, limits: Limits = UNLIMITED) -> dict[str, Any]:
-        """What `prepare` and the forward pass would do with this request (`laya.plan`), running nothing."""
+        """What `prepare` and the forward pass would do with this request (`laya.plan`), running nothing:
+        with `x_order`, every order's part planned and counted, as `prepare` prepares them."""
         figures = {"states": len(request.states), "questions": len(request.questions)}
         describe = self.describe()
         try:
-            job = self.model.prepare_request(request, limits.times(HEADROOM))
+            refuse_reuse_prefix(request, self.model.name)
+            jobs = [self.model.prepare_request(part, limits.times(HEADROOM))
+                    for part in parts_of(request, carry_all=False)]
         except QuestionError as exc:
             return report(self.model.name, describe, limits, states=[], figures=figures, exact=True, refused=exc)
-        figures |= {"rows": job.n_rows, "tokens": job.n_tokens}
-        planned, exact = plan_states(self.model, job)
+        # rows of every order together, tokens per order's part: what `prepare` holds against the limits
+        figures |= {"rows": sum(job.n_rows for job in jobs), "tokens": max(job.n_tokens for job in jobs)}
+        plans = [plan_states(self.model, job) for job in jobs]
+        planned, exact = planned_in_orders([p for p, _ in plans]), all(known for _, known in plans)
         shortlists = {q.qid: {"k": q.shortlist, "n": q.n_options, "embedded_texts": q.n_options + 1}
                       for q in request.questions if q.shortlist is not None and q.shortlist < q.n_options}
         for state in planned if shortlists else ():  # rows and tokens as asked: a bound of the kept options'
@@ -73,21 +78,15 @@ class EncoderEngine(InProcessEngine):
         exact &= not shortlists
         refused = None
         try:
-            _check(job, limits)
+            for job in jobs:
+                _check(job, limits)
+            limits.check("rows", figures["rows"])  # every order's rows together, as `prepare_in_orders` counts
         except QuestionError as exc:
             refused = exc
         return report(self.model.name, describe, limits, states=planned, figures=figures, exact=exact, refused=refused)
 
     def execute(self, jobs: list[Prepared | OrderedJob]) -> list[list[SystemOneResponse]]:
-        return execute_in_orders(jobs, self._answer)
-
-    def _answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
-        out = self.model.answer(jobs)
-        for job, responses in zip(jobs, out):
-            for response in responses if job.shortlists else ():
-                for qid, (said, keys) in job.shortlists.items():
-                    response.answers[qid] = widened(response.answers[qid], said, keys)
-        return out
+        return execute_in_orders(jobs, self.model.answer)
 
     def describe(self) -> dict[str, Any]:
         choice = self.model.choice
@@ -124,6 +123,15 @@ def time_full_row(model: Model) -> float:
     began = time.perf_counter()
     model.run([job.rows[0][0]])
     return time.perf_counter() - began
+
+
+def refuse_reuse_prefix(request: Request, name: str) -> None:
+    """`reuse_prefix: false` asks a chat model to prefill without the state it kept; an encoder keeps no
+    state, so the option cannot apply here, and is refused rather than ignored."""
+    if not request.options.reuse_prefix:
+        raise QuestionError(f"reuse_prefix is for chat models (the decide engine), which keep a state's prefill "
+                            f"between decisions; {name} is a laya encoder, which keeps none: drop it",
+                            error_type="invalid_reuse_prefix")
 
 
 def _check(job: Prepared, limits: Limits) -> None:

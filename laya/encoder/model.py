@@ -24,12 +24,14 @@ from laya.encoder.choice import Choice
 from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
+from laya.encoder.shortlist import shortlist_request, widened
 from laya.encoder.upgrade import Upgrade
 from laya.encoder.windows import Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
+from laya.orders import execute_in_orders, prepare_in_orders
 from laya.questions import Question, check_state
-from laya.request import Overflow, Request, Scan
+from laya.request import AS_GIVEN, Overflow, Request, Scan, check_strict
 from laya.response import SystemOneResponse
 from laya.stop import StopFlag
 from laya.structured import (
@@ -299,28 +301,49 @@ class Model:
         return {"x_act_probability": decode.act_probability(act_logits)}
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], tournament: int | None = None,
-                      *, min_confidence: Threshold | None = None, overflow: Overflow = None) -> list[dict[str, Any]]:
-        """The same questions over many states, sharing forward passes. `min_confidence` gates every
-        answer as upstream does (`laya.structured.gate`); `overflow` as in `prepare`."""
+                      *, min_confidence: Threshold | None = None, overflow: Overflow = None, order: str = AS_GIVEN,
+                      strict: bool = False) -> list[dict[str, Any]]:
+        """The same questions over many states, sharing forward passes, with the options of a System One
+        request (docs/request-options.md): `min_confidence` gates every answer as upstream does
+        (`laya.structured.gate`); `overflow` as in `prepare`; `order` reads each choice in those option
+        orders and averages them (`x_order`: "both", "rotate:K"); a choice's `x_shortlist` is answered on
+        its K options nearest the state, as the server answers it; `strict` keeps to the contract's fields."""
         if isinstance(states, str | bytes | dict):
             raise QuestionError("predict_batch takes a list of states; use predict() for one state")
         threshold = check_min_confidence(min_confidence)
+        check_strict(threshold, strict)
         states = list(states)
         if not states:
             return []
-        job = self.prepare(states, questions, tournament=tournament, overflow=overflow)
-        out = [r.to_json() for r in self.answer([job])[0]]
+        request = Request.of(states, questions, tournament=tournament, overflow=overflow, order=order)
+        out = [r.to_json(strict) for r in self.answer_request(request)]
         apply_gate(out, threshold)
         return out
 
+    def answer_request(self, request: Request) -> list[SystemOneResponse]:
+        """A validated request's responses, its `x_shortlist` choices narrowed and its `x_order` parts
+        read in one batch, as the encoder engine answers it (without the server's limits)."""
+        def one(part: Request) -> Prepared:
+            part, kept = shortlist_request(self, part)
+            job = self.prepare_request(part)
+            job.shortlists = kept
+            return job
+
+        return execute_in_orders([prepare_in_orders(request, one, carry_all=False)], self.answer)[0]
+
     def answer(self, jobs: list[Prepared]) -> list[list[SystemOneResponse]]:
         """Responses of several prepared requests, their rows sharing forward passes (the rounds of
-        every tournament of every request too). One runtime answers all of them: the one in place when
-        the call began (a swap meanwhile takes effect at the next call)."""
+        every tournament of every request too), each shortlisted choice's answer over every option asked.
+        One runtime answers all of them: the one in place when the call began (a swap meanwhile takes
+        effect at the next call)."""
         runtime = self.runtime
         played = self._play(jobs, runtime)
         out = self._per_state(jobs, lambda job, rows, z, a, key: self.respond(
             job.questions, rows, z, a, played.get(key), runtime.precision), runtime)
+        for job, responses in zip(jobs, out):
+            for response in responses if job.shortlists else ():
+                for qid, (said, keys) in job.shortlists.items():
+                    response.answers[qid] = widened(response.answers[qid], said, keys)
         return [_read_whole(job, responses) for job, responses in zip(jobs, out)]
 
     def _play(self, jobs: list[Prepared], runtime: Runtime) -> dict[tuple[int, int], dict[str, Played]]:
@@ -394,11 +417,13 @@ class Model:
         return out
 
     def predict(self, state: Any, questions: Mapping[str, Any], tournament: int | None = None, *,
-                min_confidence: Threshold | None = None, overflow: Overflow = None) -> dict[str, Any]:
+                min_confidence: Threshold | None = None, overflow: Overflow = None, order: str = AS_GIVEN,
+                strict: bool = False) -> dict[str, Any]:
         """One state, many questions: `{"model", "answers", "usage", "x_usage"}`. `tournament=G`
-        answers every choice of more than G options by elimination in groups of G."""
+        answers every choice of more than G options by elimination in groups of G; the other options are
+        `predict_batch`'s."""
         return self.predict_batch([state], questions, tournament=tournament, min_confidence=min_confidence,
-                                  overflow=overflow)[0]
+                                  overflow=overflow, order=order, strict=strict)[0]
 
     def predict_long(self, state: Any, questions: Mapping[str, Any], window: int | None = None,
                      stride: int | None = None, aggregate: str = "auto") -> dict[str, Any]:

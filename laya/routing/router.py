@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from laya.errors import QuestionError
-from laya.request import MAX_LANG_CHARS, Overflow
+from laya.request import AS_GIVEN, MAX_LANG_CHARS, Overflow
 
 if TYPE_CHECKING:
     from laya.routing import Route
@@ -74,24 +74,26 @@ class Router:
         return route(state, lang=check_lang(lang), default=self.default)
 
     def predict_batch(self, states: Sequence[Any], questions: Mapping[str, Any], *, lang: str | None = None,
-                      tournament: int | None = None, min_confidence: Any = None, overflow: Overflow = None
-                      ) -> list[dict[str, Any]]:
-        """Each state answered by its model; states sent to the same model share its forward passes."""
+                      tournament: int | None = None, min_confidence: Any = None, overflow: Overflow = None,
+                      order: str = AS_GIVEN, strict: bool = False) -> list[dict[str, Any]]:
+        """Each state answered by its model; states sent to the same model share its forward passes. The
+        options are `Model.predict_batch`'s; a strict answer leaves the route out too (an `x_` field)."""
         routes = [self.route(s, lang) for s in states]
         out: list[dict[str, Any] | None] = [None] * len(states)
         for role, idx in by_role(routes):
             model = self.models[role]
             for i, response in zip(idx, model.predict_batch([states[i] for i in idx], questions, tournament,
-                                                                       min_confidence=min_confidence,
-                                                                       overflow=overflow)):
-                out[i] = {**response, "x_routed_to": model.name, "x_route_reason": routes[i].reason}
+                                                            min_confidence=min_confidence, overflow=overflow,
+                                                            order=order, strict=strict)):
+                routed = {} if strict else {"x_routed_to": model.name, "x_route_reason": routes[i].reason}
+                out[i] = {**response, **routed}
         return out  # type: ignore[return-value]
 
     def predict(self, state: Any, questions: Mapping[str, Any], *, lang: str | None = None,
-                tournament: int | None = None, min_confidence: Any = None, overflow: Overflow = None
-                ) -> dict[str, Any]:
+                tournament: int | None = None, min_confidence: Any = None, overflow: Overflow = None,
+                order: str = AS_GIVEN, strict: bool = False) -> dict[str, Any]:
         return self.predict_batch([state], questions, lang=lang, tournament=tournament,
-                                  min_confidence=min_confidence, overflow=overflow)[0]
+                                  min_confidence=min_confidence, overflow=overflow, order=order, strict=strict)[0]
 
     def predict_long(self, state: Any, questions: Mapping[str, Any], window: int | None = None,
                      stride: int | None = None, aggregate: str = "auto", *, lang: str | None = None

@@ -37,7 +37,7 @@ from laya.errors import QuestionError
 from laya.limits import Limits
 from laya.plan import HEADROOM, merged
 from laya.redaction import redact, redacted
-from laya.request import Request, check_size, parse_request
+from laya.request import Request, check_size, check_strict, parse_request
 from laya.response import SystemOneResponse
 from laya.routing.router import AUTO, by_role, roles_of
 from laya.schema import chat_schema, request_schema
@@ -49,6 +49,7 @@ from laya.server.metrics import Books, Metrics
 from laya.server.openai import chat_completions
 from laya.server.state import TIMEOUT_HEADER, Served, ServerConfig, request_timeout, timeout_error
 from laya.server.work import describe_work, work_s
+from laya.structured.gate import apply_gate
 
 STATIC = Path(__file__).parent / "static"
 # A body of at most this many bytes (decoded) is parsed, validated and prepared on the event loop:
@@ -379,14 +380,32 @@ async def api_error(request: HTTPRequest, exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.detail, strict), status_code=exc.status, headers=exc.headers)
 
 
+def gate_with(req: Request, strict: bool) -> None:
+    """`x_min_confidence` marks answers with `x_` fields, which a strict answer leaves out: the two
+    together are refused (422) before any work, never one of them dropped."""
+    try:
+        check_strict(req.min_confidence, strict)
+    except QuestionError as exc:
+        raise question_error(exc) from exc
+
+
+def rendered(results: list[SystemOneResponse], req: Request, strict: bool) -> list[dict[str, Any]]:
+    """The answers as JSON, each marked against the request's `x_min_confidence` (`laya.structured.gate`)."""
+    out = [r.to_json(strict) for r in results]
+    apply_gate(out, req.min_confidence)
+    return out
+
+
 async def systemone(request: Call) -> Reply:
     """Answer typed questions (choice, score, noul) about one state."""
     ctx: Context = request.app.state.context
     ctx.check_auth(request)
     strict = strict_of(request.headers.get(STRICT_HEADER), ctx.config.strict)
     req = await ctx.read_json(request)
+    gate_with(req, strict)
     name, (result,) = await ctx.answer_as(request, req)
-    return Reply(result.to_json(strict), headers=ctx.digest_header(result.routed_to or name))
+    (out,) = rendered([result], req, strict)
+    return Reply(out, headers=ctx.digest_header(result.routed_to or name))
 
 
 async def systemone_batch(request: Call) -> Reply:
@@ -395,9 +414,10 @@ async def systemone_batch(request: Call) -> Reply:
     ctx.check_auth(request)
     strict = strict_of(request.headers.get(STRICT_HEADER), ctx.config.strict)
     req = await ctx.read_json(request, batch=True)
+    gate_with(req, strict)
     name, results = await ctx.answer_as(request, req)
     total = sum(r.input_tokens for r in results)
-    return Reply({"model": name, "results": [r.to_json(strict) for r in results],
+    return Reply({"model": name, "results": rendered(results, req, strict),
                   "total_usage": {"input_tokens": total, "output_tokens": 0}}, headers=ctx.digest_header(name))
 
 

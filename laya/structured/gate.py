@@ -15,40 +15,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from laya.errors import QuestionError
-
-KINDS = ("choice", "score", "noul")
-SIZES = ("2", "3-5", "6-10", "11+")
-DEFAULT_KEY = "default"
-BUCKETS = frozenset(f"{kind}:{size}" for kind in KINDS for size in SIZES) | {DEFAULT_KEY}
-
-Threshold = float | dict[str, float]
-
-
-def _one(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not 0.0 <= value <= 1.0:
-        raise QuestionError(f"min_confidence must be a float in [0.0, 1.0], got {value!r}"[:300],
-                            error_type="invalid_min_confidence")
-    return float(value)
-
-
-def check_min_confidence(value: Any) -> Threshold | None:
-    """The threshold validated (None stays None), or a `QuestionError` naming what is wrong."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        if not value:
-            raise QuestionError("a min_confidence map must be a non-empty dict of bucket -> float",
-                                error_type="invalid_min_confidence")
-        out = {}
-        for key, threshold in value.items():
-            if not isinstance(key, str) or key not in BUCKETS:
-                raise QuestionError(f"min_confidence map keys must be a bucket like 'choice:3-5' or 'default', "
-                                    f"got {key!r}"[:300], error_type="invalid_min_confidence")
-            out[key] = _one(threshold)
-        return out
-    return _one(value)
+from laya.request import DEFAULT_KEY, KINDS, Threshold
+from laya.request import check_min_confidence as check_min_confidence  # the threshold's rule lives with the request
 
 
 def bucket_of(answer: dict[str, Any]) -> str | None:
