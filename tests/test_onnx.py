@@ -116,3 +116,20 @@ def test_the_thread_pool_stops_spinning_when_a_forward_pass_ends(bundles):
     before = time.process_time()
     time.sleep(0.1)
     assert time.process_time() - before < 0.02  # spinning, the pool takes 0.05-0.1 CPU-s of these 0.1 s
+
+
+def test_without_the_exporter_onnx_is_one_clear_refusal_and_auto_measures_past_it(monkeypatch, tmp_path):
+    """ONNX Runtime installed without the [export] extra (a serving image): a checkpoint that has no
+    exported bundle yet cannot run on onnx, said in one error naming the missing package and the extra;
+    auto's measurement (`laya prepare`) skips the candidate, saying why, instead of failing."""
+    from laya.encoder import choice
+    from laya.errors import RuntimeUnavailable
+
+    monkeypatch.setitem(__import__("sys").modules, "onnxscript", None)
+    monkeypatch.setenv("LAYA_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeUnavailable, match=r"exporting needs 'onnxscript'.*laya-runtime\[export\]"):
+        laya.load(GOLDEN / "checkpoints" / "modernbert", runtime="onnx")
+    monkeypatch.setattr(choice, "GATED_AT_EXPORT", set())  # time every candidate, as `laya bench --pick` does
+    model = laya.load(GOLDEN / "checkpoints" / "modernbert", runtime="auto", measure=True, background=False)
+    assert model.runtime.name != "onnx"
+    assert "onnxscript" in model.choice.measurement()["not_timed"]["onnx fp32"]

@@ -17,7 +17,7 @@ from laya.encoder.bundle import is_bundle, read_manifest
 from laya.encoder.checkpoint import WEIGHTS_FILE, Checkpoint, download, load_checkpoint, verify_digests
 from laya.encoder.registry import lookup
 from laya.encoder.runtimes.base import Runtime, check_options, create_runtime
-from laya.errors import CheckpointError
+from laya.errors import CheckpointError, RuntimeUnavailable
 
 # runtime -> the exporter that builds the bundle it runs, when it is given a checkpoint
 EXPORTED_ON_FIRST_USE = {"onnx": "laya.encoder.export.onnx", "coreml": "laya.encoder.export.coreml",
@@ -87,7 +87,13 @@ def build_runtime(name: str, checkpoint: Checkpoint, options: dict[str, Any]) ->
     check_options(name, options)
     if exporter is not None and not is_bundle(checkpoint.path):
         module = importlib.import_module(exporter)
-        options = module.runtime_inputs(checkpoint, options, Path(cache_dir) if cache_dir else None)
+        try:
+            options = module.runtime_inputs(checkpoint, options, Path(cache_dir) if cache_dir else None)
+        except ModuleNotFoundError as exc:  # the exporter's own dependencies (the [export] extra)
+            raise RuntimeUnavailable(
+                f"runtime {name!r} runs a bundle exported from the checkpoint on first use, and exporting needs "
+                f"{exc.name!r}: pip install 'laya-runtime[export]', or load a bundle exported elsewhere "
+                f"(laya export)") from exc
     elif cache_dir is not None:
         raise CheckpointError(f"cache_dir applies only to runtimes that export a bundle on first use "
                               f"({', '.join(EXPORTED_ON_FIRST_USE)}), not to {name!r} on {checkpoint.path}")
