@@ -2,7 +2,7 @@
 # Build the CPU image (deploy/Containerfile) and check it as it runs: /ready, one answer against the
 # library's, the health check, and a SIGTERM drain. Prints one JSON line of figures at the end.
 #
-#   sudo bash scripts/container-check.sh [--base IMAGE]
+#   sudo bash scripts/container-check.sh [--base IMAGE] [--reuse]
 #
 # Without --base, the base is Debian bookworm made here by mmdebstrap (minbase with python3, python3-venv,
 # ca-certificates, libgomp1) and imported into podman. The image is built offline (every wheel from this
@@ -12,10 +12,11 @@
 # its entrypoint, command and environment: what `podman run --read-only --tmpfs /tmp` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-base=
+base= reuse=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --base) base=$2; shift 2 ;;
+        --reuse) reuse=1; shift ;;  # check the image built before instead of building it again
         *) echo "container-check: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -32,9 +33,10 @@ cleanup() {
         mountpoint -q "$m" 2>/dev/null && umount -l "$m"
     done
     podman image unmount laya:cpu-check >/dev/null 2>&1 || true
-    rm -rf "$work"
+    if [ -n "$keep" ]; then echo "container-check: left $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
+keep=${KEEP:-}  # KEEP=1: leave the work folder (logs, answers) for a look
 started=$(date +%s)
 if [ -z "$base" ]; then
     base=localhost/laya-base:bookworm
@@ -50,8 +52,10 @@ fi
 from laya.testing.checkpoints import TestCheckpointSpec, write_test_checkpoint
 write_test_checkpoint('$work/model', TestCheckpointSpec(flavour='mmbert', seed=5))"
 build_started=$(date +%s)
-BUILD_OPTIONS="--isolation chroot" bash scripts/build-image.sh --offline --base "$base" --model "$work/model" \
-    --tag laya:cpu-check
+if [ "$reuse" = 0 ] || ! podman image exists laya:cpu-check; then
+    BUILD_OPTIONS="--isolation chroot" bash scripts/build-image.sh --offline --base "$base" --model "$work/model" \
+        --tag laya:cpu-check
+fi
 built=$(( $(date +%s) - build_started ))
 size=$(podman image inspect laya:cpu-check --format '{{.Size}}')
 config() { podman image inspect laya:cpu-check --format "{{json .Config.$1}}"; }
@@ -76,7 +80,8 @@ uid=$(chroot "$root" id -u "$user"); gid=$(chroot "$root" id -g "$user")
 in_image() { chroot --userspec="$uid:$gid" "$root" env -i "${envs[@]}" "$@"; }
 port=8000
 launched=$(date +%s.%N)
-in_image "${argv[@]}" > "$work/server.log" 2>&1 &
+# started directly (not through in_image's subshell): $! is then the server itself, chroot and env exec it
+chroot --userspec="$uid:$gid" "$root" env -i "${envs[@]}" "${argv[@]}" > "$work/server.log" 2>&1 &
 server=$!
 ready=
 for _ in $(seq 1 600); do
@@ -90,7 +95,9 @@ body='{"state": "my parcel is late and I was charged twice", "questions": {"team
 curl -s -o "$work/answer.json" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
     -d "$body" "http://127.0.0.1:$port/v1/systemone"
 refused=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" \
-    "http://127.0.0.1:$port/v1/systemone")
+    "http://127.0.0.1:$port/v1/systemone")  # no key: 403
+wrong=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer ${key}x" -H 'Content-Type: application/json' \
+    -d "$body" "http://127.0.0.1:$port/v1/systemone")  # a wrong key: 401
 # the library's answer, from the image's own library and model
 in_image python3 -c "
 import json, sys, laya
@@ -99,11 +106,15 @@ print(json.dumps(laya.load('/models/default').predict(body['state'], body['quest
 parity=$(python3 - "$work/answer.json" "$work/library.json" <<'PY'
 import json, sys
 served, library = (json.load(open(p)) for p in sys.argv[1:3])
+assert "answers" in served, f"the server answered {served}"
 worst = 0.0
 for qid, want in library["answers"].items():
     got = served["answers"][qid]
-    assert got.get(want["type"]) == want[want["type"]], (got, want)
-    worst = max([worst] + [abs(p - got["probabilities"][k]) for k, p in want["probabilities"].items()])
+    if "probabilities" in want:  # choice and score: the answer, and every option's probability
+        assert got[want["type"]] == want[want["type"]], (got, want)
+        worst = max([worst] + [abs(p - got["probabilities"][k]) for k, p in want["probabilities"].items()])
+    else:  # noul: P(true)
+        worst = max(worst, abs(want["noul"] - got["noul"]))
 print(worst)
 PY
 )
@@ -126,11 +137,12 @@ python3 - <<PY
 import json
 print(json.dumps({"image": "laya:cpu-check", "size_mb": round($size / 2**20), "build_s": $built,
                   "ready_s": $ready, "healthcheck": "$healthy" == "true", "parity_max_dp": $parity,
-                  "keyless_request": $refused, "in_flight_at_sigterm": $inflight,
+                  "precision": json.load(open("$work/answer.json")).get("x_precision"),
+                  "keyless_request": $refused, "wrong_key": $wrong, "in_flight_at_sigterm": $inflight,
                   "new_request_while_draining": "$after", "exit_status": $status, "stopped_s": $stopped,
                   "total_s": $(( $(date +%s) - started ))}))
 PY
 ok=1
-[ "$healthy" = true ] && [ "$refused" = 401 ] && [ "$inflight" = 200 ] && [ "$status" = 0 ] \
+[ "$healthy" = true ] && [ "$refused" = 403 ] && [ "$wrong" = 401 ] && [ "$inflight" = 200 ] && [ "$status" = 0 ] \
     && python3 -c "import sys; sys.exit(0 if $parity <= 1e-6 else 1)" || ok=0
 [ "$ok" = 1 ] && echo "container-check: passed" || { echo "container-check: FAILED"; tail -20 "$work/server.log"; exit 1; }

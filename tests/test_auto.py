@@ -197,9 +197,11 @@ def test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_it
     from types import SimpleNamespace
 
     from laya.encoder import bench
+    from laya.encoder.runtimes.base import RuntimeInfo
 
     def fake(precision: str, gate: dict | None) -> SimpleNamespace:
-        return SimpleNamespace(runtime=SimpleNamespace(precision=precision, gate=gate), choice=None,
+        info = RuntimeInfo("fake", precision, "cpu", gate=gate)
+        return SimpleNamespace(runtime=SimpleNamespace(precision=precision, info=lambda: info), choice=None,
                                checkpoint=SimpleNamespace(fingerprint="f" * 64))
 
     models = {"torch": fake("fp32", None), "packed": fake("fp32", None),

@@ -16,6 +16,7 @@ from conftest import load_quiet
 from live_server import free_port, wait_ready
 
 from laya.encoder import choice as auto
+from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.upgrade import BACKGROUND_ENV, Upgrade
 
 QUESTIONS = {"a": {"type": "noul", "instructions": "Urgent?"},
@@ -23,7 +24,7 @@ QUESTIONS = {"a": {"type": "noul", "instructions": "Urgent?"},
              "c": {"type": "score", "instructions": "Anger?", "criteria": ["calm", "cross", "furious"]}}
 
 
-class Recording:
+class Recording(RuntimeBase):
     """A runtime that runs another one, names itself `precision`, and logs every forward pass; the first
     pass may be held until the test lets it go (a batch in flight)."""
 
@@ -121,6 +122,7 @@ FAKE_PREPARE = """
 import sys
 from laya.encoder import upgrade
 from laya.encoder.checkpoint import load_checkpoint
+from laya.encoder.runtimes.base import RuntimeBase
 
 def command(self):  # the pick stored once the test says go (a file appears), as `laya prepare` would store it
     fingerprint = load_checkpoint(self.checkpoint.path).fingerprint
