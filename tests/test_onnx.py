@@ -129,7 +129,8 @@ def test_without_the_exporter_onnx_is_one_clear_refusal_and_auto_measures_past_i
     monkeypatch.setenv("LAYA_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeUnavailable, match=r"exporting needs 'onnxscript'.*laya-runtime\[export\]"):
         laya.load(GOLDEN / "checkpoints" / "modernbert", runtime="onnx")
-    monkeypatch.setattr(choice, "GATED_AT_EXPORT", set())  # time every candidate, as `laya bench --pick` does
+    monkeypatch.setattr(choice, "measured_candidates", lambda machine, exact=False: [  # the reference and onnx only
+        choice.Candidate("torch", {"precision": "fp32"}, ""), choice.Candidate("onnx", {"precision": "fp32"}, "")])
     model = laya.load(GOLDEN / "checkpoints" / "modernbert", runtime="auto", measure=True, background=False)
     assert model.runtime.name != "onnx"
     assert "onnxscript" in model.choice.measurement()["not_timed"]["onnx fp32"]
