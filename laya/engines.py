@@ -28,6 +28,10 @@ class EngineOptions:
     runtime: str | None = None  # laya checkpoints: auto unless told (a bundle picks its own)
     precision: str | None = None  # laya checkpoints: the runtime's precision; with auto only "fp32" (exact)
     compact: bool = False  # Core ML: shorten long rows to the largest Neural Engine bucket (reported)
+    force: bool = False  # laya checkpoints: run a reduced precision past its failed gate (said in its answers)
+    revision: str | None = None  # laya checkpoints from the Hub: the commit, branch or tag
+    subfolder: str | None = None  # laya checkpoints from the Hub: the folder in the repository
+    sha256: str | None = None  # laya checkpoints: the weights' expected sha256
     n_ctx: int | None = None  # chat GGUFs: the context (None: the model's trained one, as memory allows)
     readout: str | None = None  # chat GGUFs: the readout of one given without a `path.gguf:READOUT` suffix
     prefix_cache: str = "auto"  # chat GGUFs: kept state, auto | on | off
@@ -69,8 +73,11 @@ def _encoder_engine(source: str, opts: EngineOptions) -> Engine:
         runtime_options["precision"] = opts.precision
     if opts.compact:
         runtime_options["compact"] = True
+    if opts.force:
+        runtime_options["force"] = True
     model = load(source, runtime=opts.runtime, name=opts.name, local_only=opts.local_only,
-                      calibration=opts.calibration, **runtime_options)
+                 calibration=opts.calibration, revision=opts.revision, subfolder=opts.subfolder,
+                 sha256=opts.sha256, **runtime_options)
     entry = lookup(source)
     folder = model.checkpoint.path
     artifact = next((p for p in (Path(source), folder / "model.safetensors", folder / "manifest.json") if p.is_file()),

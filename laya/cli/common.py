@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from laya.engines import is_gguf
 from laya.errors import LayaError
 
 if TYPE_CHECKING:
@@ -113,15 +112,16 @@ def load_model(args: argparse.Namespace) -> Model:
 
 
 def make_engine(args: argparse.Namespace) -> Engine:
-    """The engine a JSONL run answers with: a chat .gguf's decide engine, else the encoder's."""
-    if is_gguf(args.model):
-        from laya.engines import open_engine
+    """The engine a JSONL run answers with, as `open_engine` (the one GGUF rule) reads `--model`, with the
+    options this command has."""
+    from laya.engines import open_engine
 
-        return open_engine(args.model, threads=args.threads, readout=args.readout,
-                           decide_probe=getattr(args, "decide_probe", None))
-    from laya.encoder.engine import EncoderEngine
-
-    return EncoderEngine(load_model(args))
+    given = {"threads": args.threads, "readout": getattr(args, "readout", None),
+             "decide_probe": getattr(args, "decide_probe", None), "calibration": getattr(args, "calibration", None),
+             "runtime": getattr(args, "runtime", None), "precision": getattr(args, "precision", None),
+             "force": getattr(args, "force", False), "revision": getattr(args, "revision", None),
+             "subfolder": getattr(args, "subfolder", None), "sha256": getattr(args, "sha256", None)}
+    return open_engine(args.model, **{k: v for k, v in given.items() if v not in (None, False)})
 
 
 def overflow_arg(args: argparse.Namespace) -> Overflow:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from laya.cli import common
 from laya.cli.common import Subparsers, UsageError
+from laya.engines import is_gguf
 
 
 def register(sub: Subparsers) -> None:
@@ -73,7 +74,7 @@ def _one_at_a_time(model: str) -> Iterator[None]:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     """`laya prepare MODEL`: the pick, made and stored; prints what auto chose and why."""
-    if common.is_gguf(args.model):
+    if is_gguf(args.model):
         raise UsageError(f"{args.model}: a GGUF runs on llama.cpp in its own types; there is no pick to prepare "
                          "(laya prepare readies laya checkpoints for runtime auto)")
     if args.parent_pid is not None:
