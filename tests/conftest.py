@@ -129,6 +129,26 @@ def mm_model(mmbert_dir):
     return load_quiet(mmbert_dir)
 
 
+@pytest.fixture(scope="module")
+def encoder(model):
+    """The encoder engine over `model`, one per test module."""
+    from laya.encoder.engine import EncoderEngine
+
+    return EncoderEngine(model)
+
+
+@pytest.fixture(scope="module")
+def decide():
+    """A decide engine over a scripted chat backend (no llama.cpp), one per test module."""
+    from scripted_backend import ScriptedBackend
+
+    from laya.decide.engine import DecideEngine
+    from laya.decide.model import DecideModel, DecideSettings
+
+    return DecideEngine(DecideModel(ScriptedBackend(n_ctx=4000), "scripted",
+                                    settings=DecideSettings(readout="first-token")))
+
+
 # A small request used by the bundle tests of every runtime.
 BUNDLE_QUESTIONS = {"t": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "refunds", "sales": None}},
                     "u": {"type": "noul", "instructions": "Urgent?"}}

@@ -12,10 +12,7 @@ import httpx
 import pytest
 from conftest import need
 from live_server import LiveServer
-from scripted_backend import ScriptedBackend
 
-from laya.decide.engine import DecideEngine
-from laya.decide.model import DecideModel, DecideSettings
 from laya.decoding.confidence import choice_confidence
 from laya.encoder.engine import EncoderEngine
 from laya.errors import QuestionError
@@ -36,17 +33,6 @@ def choice(keys) -> dict:
 def answer(engine, keys, order="as_given") -> dict:
     (job_answers,) = engine.execute([engine.prepare(Request.of([STATE], choice(keys), order=order))])
     return {qid: a.to_json() for qid, a in job_answers[0].answers.items()}
-
-
-@pytest.fixture(scope="module")
-def encoder(model):
-    return EncoderEngine(model)
-
-
-@pytest.fixture(scope="module")
-def decide():
-    return DecideEngine(DecideModel(ScriptedBackend(n_ctx=4000), "scripted",
-                                    settings=DecideSettings(readout="first-token")))
 
 
 def test_the_orders_read():

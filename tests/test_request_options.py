@@ -22,13 +22,11 @@ import pytest
 from conftest import need
 from fake_engine import ScriptedEngine
 from live_server import LiveServer
-from scripted_backend import ScriptedBackend
 
 from laya.api import STRICT_HEADER, strict_of
 from laya.apps.jsonl import Line, local_answer
 from laya.cli import build_parser, common, main
-from laya.decide.engine import DecideEngine
-from laya.decide.model import DecideModel, DecideSettings, decisions
+from laya.decide.model import decisions
 from laya.encoder.engine import EncoderEngine
 from laya.encoder.model import Model
 from laya.errors import QuestionError
@@ -357,17 +355,6 @@ def test_where_the_table_says_n_a_the_option_is_not_half_taken(option, surface, 
 
 
 # --- where an option cannot apply, and what a plan counts ------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def encoder(model):
-    return EncoderEngine(model)
-
-
-@pytest.fixture(scope="module")
-def decide():
-    return DecideEngine(DecideModel(ScriptedBackend(n_ctx=4000), "scripted",
-                                    settings=DecideSettings(readout="first-token")))
 
 
 BODY_OPTIONS = [option for option in TABLE if ":" not in (spelling(TABLE[option]["HTTP"]) or ":")]
