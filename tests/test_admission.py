@@ -15,6 +15,7 @@ from laya.engine import EngineInfo
 from laya.server.admission import Admission
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Overloaded
+from laya.server.batching import Batching
 
 RATE = 100.0  # rows a second, as measured by the batchers
 
@@ -166,7 +167,7 @@ def test_an_idle_engine_starts_at_once_and_batches_what_queued_while_it_ran(wait
     engine = _Gated()
 
     async def scenario():
-        b = MicroBatcher(engine) if wait_ms is None else MicroBatcher(engine, max_wait_ms=wait_ms)
+        b = MicroBatcher(engine) if wait_ms is None else MicroBatcher(engine, batching=Batching(max_wait_ms=wait_ms))
         b.start()
         try:
             first = asyncio.ensure_future(b.submit("a", 1))
@@ -281,7 +282,7 @@ def test_a_batch_holds_a_token_budget_as_well_as_rows(max_tokens, batches):
     jobs = {name: _Counted(name, 200) for name in "abcd"}
 
     async def scenario():
-        b = MicroBatcher(engine, max_tokens=max_tokens)
+        b = MicroBatcher(engine, batching=Batching(max_tokens=max_tokens))
         b.start()
         try:
             first = asyncio.ensure_future(b.submit(jobs["a"], 1))

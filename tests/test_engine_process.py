@@ -12,7 +12,8 @@ from fake_engine import ScriptedEngine
 
 from laya.errors import QuestionError
 from laya.request import Request
-from laya.server.remote import Batching, RemoteEngine
+from laya.server.batching import Batching
+from laya.server.remote import RemoteEngine
 
 URGENT = {"u": {"type": "noul", "instructions": "Urgent?"}}
 
@@ -167,7 +168,7 @@ def test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answe
     """A request of long states is prepared on the engine process's preparing thread, which wakes the
     main thread when it is done; small ones are prepared where they are read. Mixed and concurrent,
     every one is answered (a missed wake-up would leave one waiting for ever), each with its own states."""
-    from laya.server.remote import SMALL_PREPARE_CHARS
+    from laya.server.engine_loop import SMALL_PREPARE_CHARS
 
     engine = RemoteEngine(functools.partial(ScriptedEngine, name="aside", delay=0.01))
     loop = asyncio.new_event_loop()

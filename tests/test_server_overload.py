@@ -135,7 +135,7 @@ def test_direct_encoder_engine_still_serves(model):
 
 def test_an_exception_the_pipe_cannot_carry_becomes_a_remote_failure():
     from laya.errors import QuestionError
-    from laya.server.remote import RemoteFailure, portable
+    from laya.server.engine_loop import RemoteFailure, portable
 
     class Local(Exception):  # defined in a function: pickle cannot find it
         pass

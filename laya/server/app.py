@@ -247,9 +247,8 @@ def activate(engines: list[AnyEngine], served: Served, metrics: Metrics, config:
         batcher: MicroBatcher = (
             PassThrough(engine, max_pending_rows=config.max_pending_rows, on_batch=metrics.batch)
             if isinstance(engine, ForwardingEngine) else
-            MicroBatcher(engine, max_wait_ms=config.max_wait_ms, max_rows=config.max_batch_rows,
-                         max_pending_rows=config.max_pending_rows, on_batch=metrics.batch,
-                         max_tokens=config.max_batch_tokens))
+            MicroBatcher(engine, batching=config.batching, max_pending_rows=config.max_pending_rows,
+                         on_batch=metrics.batch))
         batcher.start()
         served.engines[name] = engine
         served.batchers[name] = batcher

@@ -1,9 +1,9 @@
 """Dynamic micro-batching: concurrent requests for one engine share forward passes.
 
-One worker per engine takes every job waiting (up to `max_rows` rows) and runs them together on a
-dedicated thread, off the event loop. An idle engine starts at once: what batches is what queued
-while it was busy, so a lone request pays no wait. `max_wait_ms` > 0 makes it wait that long for
-company instead (more rows per forward pass at low load, for that much latency).
+One worker per engine takes every job waiting (as `laya.server.batching`'s policy allows: rows, tokens,
+wait) and runs them together on a dedicated thread, off the event loop. An idle engine starts at once:
+what batches is what queued while it was busy, so a lone request pays no wait. `max_wait_ms` > 0 makes
+it wait that long for company instead (more rows per forward pass at low load, for that much latency).
 
 Admission is counted in work, not jobs: a request reserves its rows (`reserve`) before it is
 tokenised, and past `max_pending_rows` rows waiting or running it is refused at once (`Overloaded`)
@@ -26,6 +26,7 @@ from typing import Any
 from laya.engine import Engine, ForwardingEngine, Job, Timing
 from laya.errors import QuestionError
 from laya.response import SystemOneResponse
+from laya.server.batching import Batching, tokens_of
 
 log = logging.getLogger("laya.server")
 
@@ -71,13 +72,10 @@ class DrainRate:
 
 
 class MicroBatcher:
-    def __init__(self, engine: Engine, *, max_wait_ms: float = 0.0, max_rows: int = 64, max_pending_rows: int = 512,
-                 on_batch=None, max_tokens: int | None = None):
+    def __init__(self, engine: Engine, *, batching: Batching | None = None, max_pending_rows: int = 512,
+                 on_batch=None):
         self.engine = engine
-        self.max_wait = max_wait_ms / 1000.0
-        self.max_rows = max_rows
-        # a pass's token budget (a GPU fills on tokens, not rows): jobs join a batch while it holds both
-        self.max_tokens = max_tokens
+        self.batching = batching or Batching()  # rows, tokens and wait: the policy every mode shares
         self.max_pending_rows = max_pending_rows
         self.on_batch = on_batch
         self.pending_rows = 0  # reserved by admitted requests, until their job is done
@@ -134,9 +132,9 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while True:
             first = await self._queue.get()
-            batch, rows, tokens = [first], first.rows, _tokens(first.job)
-            deadline = time.perf_counter() + self.max_wait
-            while rows < self.max_rows and (self.max_tokens is None or tokens < self.max_tokens):
+            batch, rows, tokens = [first], first.rows, tokens_of(first.job)
+            deadline = time.perf_counter() + self.batching.wait_s
+            while self.batching.has_room(rows, tokens):
                 try:
                     item = self._queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -149,7 +147,7 @@ class MicroBatcher:
                         break
                 batch.append(item)
                 rows += item.rows
-                tokens += _tokens(item.job)
+                tokens += tokens_of(item.job)
             live = [it for it in batch if not it.future.done()]
             try:
                 if live:
@@ -185,11 +183,6 @@ class MicroBatcher:
                             batch_rows=rows, batch_jobs=len(items), leads_batch=leader)
             leader = False
             it.future.set_result((outcome, timing))
-
-
-def _tokens(job: Any) -> int:
-    """The tokens a job's rows read (0 where its engine does not count them ahead: a chat model's)."""
-    return int(getattr(job, "n_tokens", 0) or 0)
 
 
 def run_together(engine: Engine, jobs: list[Job]) -> list[list[SystemOneResponse] | Exception]:

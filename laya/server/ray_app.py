@@ -42,7 +42,8 @@ from laya.response import SystemOneResponse
 from laya.server import heap
 from laya.server.app import ServerConfig, create_app
 from laya.server.batcher import MicroBatcher, Unavailable
-from laya.server.remote import portable
+from laya.server.batching import Batching
+from laya.server.engine_loop import portable
 from laya.server.serve import KEEP_ALIVE_S, ModelSpec, ServeOptions, configure_logging, load_engine
 from laya.stop import StopFlag, after
 
@@ -73,6 +74,11 @@ class ModelConfig:
     max_wait_ms: float = 0.0  # how long a batch waits for company inside a replica (0: it never waits idle)
     max_batch_rows: int = 64
     max_batch_tokens: int | None = None  # a batch's token budget too (a GPU's pass), None: rows only
+
+    @property
+    def batching(self) -> Batching:
+        """The batching policy inside a replica: the same three settings as `laya serve`'s."""
+        return Batching(max_rows=self.max_batch_rows, max_wait_ms=self.max_wait_ms, max_tokens=self.max_batch_tokens)
 
     @property
     def deployment(self) -> str:
@@ -159,9 +165,7 @@ class ModelReplica:
         """The batcher, started on the first call (it lives on the replica's event loop). It never
         refuses: Serve bounds what reaches a replica (`max_ongoing_requests`), the ingress the rest."""
         if self._batcher is None:
-            self._batcher = MicroBatcher(self.engine, max_wait_ms=self.model.max_wait_ms,
-                                         max_rows=self.model.max_batch_rows, max_pending_rows=2**62,
-                                         max_tokens=self.model.max_batch_tokens)
+            self._batcher = MicroBatcher(self.engine, batching=self.model.batching, max_pending_rows=2**62)
             self._batcher.start()
         return self._batcher
 

@@ -100,11 +100,10 @@ def serve_engine(spec: ModelSpec, options: ServeOptions, *, local_only: bool = F
     """`load_engine` in a process of its own (the default), or here with `--single-process`."""
     if not options.engine_process:
         return load_engine(spec, options, local_only=local_only)
-    from laya.server.remote import Batching, RemoteEngine
+    from laya.server.remote import RemoteEngine
 
-    batching = Batching(max_rows=options.server.max_batch_rows, max_wait_ms=options.server.max_wait_ms,
-                        max_tokens=options.server.max_batch_tokens)
-    return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only), batching=batching)
+    return RemoteEngine(functools.partial(load_engine, spec, options, local_only=local_only),
+                        batching=options.server.batching)
 
 
 def load_engines(options: ServeOptions) -> list[Any]:

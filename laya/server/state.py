@@ -12,6 +12,7 @@ from laya.api import ApiError, usage_error
 from laya.engine import AnyEngine
 from laya.limits import Limits
 from laya.server.batcher import MicroBatcher
+from laya.server.batching import Batching
 
 log = logging.getLogger("laya.server")
 # A client may ask for a shorter deadline than the server's --request-timeout-s (seconds, > 0).
@@ -53,6 +54,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # rebuilt from JSON in worker processes
             self.limits = Limits(**self.limits)
+
+    @property
+    def batching(self) -> Batching:
+        """The batching policy (`--max-batch-rows`, `--max-batch-tokens`, `--max-wait-ms`) every mode applies."""
+        return Batching(max_rows=self.max_batch_rows, max_wait_ms=self.max_wait_ms, max_tokens=self.max_batch_tokens)
 
 
 @dataclass
