@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from laya.decoding.confidence import choice_confidence
 from laya.limits import UNLIMITED, Limits
@@ -83,8 +83,12 @@ class OrderedJob:
         return sum(getattr(part, "n_tokens", 0) for part in self.parts)
 
 
-def prepare_in_orders(request: Request, prepare: Callable[[Request], Any], limits: Limits = UNLIMITED,
-                      deadline: float | None = None, carry_all: bool = True, counted: str = "rows") -> Any:
+Part = TypeVar("Part")
+
+
+def prepare_in_orders(request: Request, prepare: Callable[[Request], Part], limits: Limits = UNLIMITED,
+                      deadline: float | None = None, carry_all: bool = True, counted: str = "rows"
+                      ) -> Part | OrderedJob:
     """`prepare(request)`, or for a request with `x_order` an `OrderedJob` of its parts, counted
     together against the server's limit on `counted` (rows, or a chat model's decisions)."""
     if request.options.order == AS_GIVEN:
