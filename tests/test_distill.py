@@ -5,6 +5,7 @@ teacher, the report's figures recomputed here; and a local GGUF teacher through 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -50,7 +51,7 @@ class Teacher:
     """A System One server on loopback that answers by `hidden_rule` with 0.85 on its team, refuses one
     state (422), sheds every 7th request (429, Retry-After 0) and drops the 5th connection unanswered."""
 
-    def __init__(self, refuse: str | None = None, delay_s: float = 0.0):
+    def __init__(self, refuse: str | None = None, delay_s: float = 0.0, rule=hidden_rule):
         self.answered: dict[str, int] = {}
         self.requests = 0
         self.lock = threading.Lock()
@@ -75,7 +76,7 @@ class Teacher:
                 if state == refuse:
                     return self.reply(422, {"detail": [{"msg": "this state is not for me"}]})
                 time.sleep(delay_s)
-                team = hidden_rule(state)
+                team = rule(state)
                 probabilities = {t: 0.85 if t == team else 0.05 for t in TEAMS}
                 with teacher.lock:
                     teacher.answered[state] = teacher.answered.get(state, 0) + 1
@@ -212,6 +213,40 @@ def test_a_local_gguf_teacher_through_the_decide_engine(tmp_path):
     assert len(again[0]) == 24 and (out / distill.TEACHER_DIR / distill.ANSWERS).stat().st_size == size
 
 
+def coin(state: str) -> str:
+    """A teacher with no rule to learn: each state's team drawn from a hash of it."""
+    return TEAMS[int(hashlib.sha256(state.encode()).hexdigest(), 16) % len(TEAMS)]
+
+
+def test_a_student_below_min_agreement_is_refused_and_not_written(tmp_path):
+    """A teacher whose answers follow no rule cannot be learned: the student, cut to one layer, stays near
+    chance on held-out states and `--min-agreement 0.9` refuses to write it, in one line naming the
+    question; the teacher's answers and the report stay for the next try."""
+    states = [line["state"] for line in routing_lines(160, seed=13, noisy_share=0.0)]
+    data = write_states(tmp_path / "states.jsonl", states)
+    source = write_test_checkpoint(tmp_path / "student", SMALL)
+    out = tmp_path / "out"
+    settings = [f"--{k.replace('_', '-')}={v}" for k, v in dict(TRAIN, epochs=2, holdout=0.5).items()]
+    teacher = Teacher(rule=coin)
+    try:
+        done = subprocess.run(cli(str(data), "--teacher", teacher.url, "--student", str(source), "-q",
+                                  json.dumps(QUESTION), "--out", str(out), "--student-layers", "1",
+                                  "--min-agreement", "0.9", "--quiet", *settings),
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        teacher.close()
+    assert done.returncode == 2, done.stderr[-2000:]
+    error = [line for line in done.stderr.splitlines() if line.startswith("laya: error")]
+    assert len(error) == 1 and "not written" in error[0] and "'team'" in error[0] and "0.9" in error[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (out / "model.safetensors").exists() and not (out / "encoder").exists()
+    assert not (out / distill.CANDIDATE).exists() and not (out / distill.STUDENT_INIT).exists()
+    report = json.loads((out / "report" / distill.REPORT).read_text())
+    assert report["checkpoint"] is None and report["kept_layers"] == [0] and report["min_agreement"] == 0.9
+    assert report["short_of_min_agreement"]["team"] == report["heldout"]["agreement_by_question"]["team"] < 0.9
+    assert (out / distill.TEACHER_DIR / distill.ANSWERS).read_text().count("\n") == len(states)
+
+
 def test_bad_states_and_settings_are_clear_errors(tmp_path):
     bad = tmp_path / "states.jsonl"
     bad.write_text('"fine"\n{"state": "x", "labels": {"team": "nobody"}}\n', encoding="utf-8")
@@ -227,3 +262,8 @@ def test_bad_states_and_settings_are_clear_errors(tmp_path):
                               json.dumps(QUESTION), "--out", str(tmp_path / "o"), "--hard-weight", "2"),
                           capture_output=True, text=True, timeout=120, env={**os.environ, "LAYA_API_KEY": ""})
     assert done.returncode != 0 and "laya: error" in done.stderr
+    for bad_setting, message in (({"min_agreement": 1.5}, "--min-agreement must be from 0 to 1"),
+                                 ({"student_layers": 0}, "--student-layers must be a whole number"),
+                                 ({"student_layers": 2.5}, "--student-layers must be a whole number")):
+        with pytest.raises(laya.LayaError, match=message):
+            distill.distill("http://127.0.0.1:9", "x", bad, QUESTION, tmp_path / "o", **bad_setting)

@@ -36,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = dict(epochs=10, encoder_lr=3e-4, head_lr=1e-3, batch_size=8, holdout=0.4, seed=0, device="cpu",
             precision="fp32", threads=2)
 LINES = 2400
+# A 2-layer student of the trained router (`laya distill --student-layers 2`): measured to reach 0.9x
+# top-1 agreement with its teacher on held-out states.
+STUDENT = dict(TASK, epochs=6, holdout=0.3)
+STUDENT_AGREEMENT = 0.9
 # The act head on a task of another shape (a yes/no question where a rare footer marks badly labelled
 # messages, `app_footer_lines`): a smaller checkpoint (2 layers, d 64), 1,200 training lines, 6 epochs, and
 # more held out (900 answers to fit the act head on, 900 to measure it on).
@@ -232,14 +236,13 @@ def upstream_python() -> Path:
     return ensure_upstream(ROOT / ".venv-upstream")
 
 
-@pytest.mark.slow
-def test_upstream_loads_the_checkpoint_and_answers_the_same(trained, tmp_path):
-    """Upstream laya 0.4.15's Agent, in its own venv (the one the goldens are made with), on a copy."""
+def assert_upstream_answers_the_same(folder: Path, lines: list[dict], tmp_path: Path) -> None:
+    """Upstream laya 0.4.15's Agent, in its own venv (the one the goldens are made with), on a copy of
+    `folder`, answers as we do to 1e-4."""
     import shutil
 
-    _, out, _, lines = trained
     copy = tmp_path / "copy"  # upstream rewrites tokenizer_config.json in place
-    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("epochs", "report"))
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("epochs", "report", "teacher"))
     cases = [{"id": str(i), "state": line["state"], "questions": QUESTION} for i, line in enumerate(lines[:8])]
     job, result = tmp_path / "job.json", tmp_path / "out.json"
     job.write_text(json.dumps({"checkpoints": {"trained": {"path": str(copy), "cases": cases}}}))
@@ -248,13 +251,52 @@ def test_upstream_loads_the_checkpoint_and_answers_the_same(trained, tmp_path):
                           str(result)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     theirs = json.loads(result.read_text())["results"]["trained"]
-    ours = load_quiet(out)
+    ours = load_quiet(folder)
     for case, answer in zip(cases, theirs):
         assert "error" not in answer, answer
         got = ours.predict(case["state"], case["questions"])["answers"]["team"]
         want = answer["response"]["answers"]["team"]
         assert max(abs(got["probabilities"][k] - v) for k, v in want["probabilities"].items()) < 1e-4
         assert abs(got["x_act_probability"] - want["action"]["act_probability"]) < 1e-4
+
+
+@pytest.mark.slow
+def test_upstream_loads_the_checkpoint_and_answers_the_same(trained, tmp_path):
+    _, out, _, lines = trained
+    assert_upstream_answers_the_same(out, lines, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_smaller_student_keeps_its_teachers_answers_and_upstream_loads_it(trained, tmp_path):
+    """`laya distill --student-layers 2` from the trained 4-layer router, the teacher's own checkpoint as
+    the student's start: half the layers (the global first, a sliding-window one), the teacher's answers
+    kept on held-out states, the gate passed and the student written in the published format."""
+    from laya.apps import distill
+
+    _, teacher, _, _ = trained
+    fresh = routing_lines(900, seed=31)
+    states = tmp_path / "states.jsonl"
+    states.write_text("".join(json.dumps(line["state"]) + "\n" for line in fresh), encoding="utf-8")
+    out = tmp_path / "student"
+    report = distill.distill(teacher, teacher, states, QUESTION, out, progress=False, student_layers=2,
+                             min_agreement=STUDENT_AGREEMENT, **STUDENT)
+    assert report["kept_layers"] == [0, 2] and report["student_layers"] == 2
+    held = report["heldout"]
+    assert held["answers"] >= 100
+    assert held["agreement_by_question"]["team"] >= STUDENT_AGREEMENT
+    assert 0 < held["mean_abs_dp"] <= held["max_abs_dp"] < 1
+    assert report["short_of_min_agreement"] == {} and report["checkpoint"] == os.fspath(out)
+    config = json.loads((out / "encoder" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    assert not (out / distill.CANDIDATE).exists() and not (out / distill.STUDENT_INIT).exists()
+    assert (out / "report" / distill.REPORT).is_file() and (out / "report" / "train_report.json").is_file()
+    # the agreement recomputed on states neither saw, against the teacher run here
+    unseen = [line["state"] for line in routing_lines(200, seed=57)]
+    theirs = load_quiet(teacher).predict_batch(unseen, QUESTION)
+    ours = load_quiet(out).predict_batch(unseen, QUESTION)
+    agree = np.mean([a["answers"]["team"]["choice"] == b["answers"]["team"]["choice"] for a, b in zip(theirs, ours)])
+    assert agree >= STUDENT_AGREEMENT - 0.05, agree
+    assert_upstream_answers_the_same(out, fresh, tmp_path)
 
 
 def test_csv_becomes_one_choice_question(tmp_path):

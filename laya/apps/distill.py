@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,10 +40,12 @@ import numpy as np
 from laya.apps import jsonl
 from laya.calibration.data import DataError, Record, json_lines, label_index
 from laya.calibration.metrics import auroc, ece
+from laya.encoder.checkpoint import CONFIG_FILE
 from laya.errors import LayaError, QuestionError
 from laya.questions import check_state, parse_questions
 
 TEACHER_DIR, ANSWERS, DATA, REPORT = "teacher", "answers.jsonl", "distill.jsonl", "distill.json"
+CANDIDATE, STUDENT_INIT = ".candidate", ".student-init"  # the student trained aside, and cut before it
 MAX_TIMED = 50  # held-out states the student is timed on
 
 
@@ -228,10 +231,12 @@ def held_out(records: Sequence[Record], holdout: float, seed: int) -> list[Recor
 
 
 def compare(student: Any, records: Sequence[Record]) -> dict[str, Any]:
-    """The student against the teacher on `records` (whose `soft` targets are the teacher's): agreement,
-    KL(teacher || student), the student's calibration against the teacher's answer, and the act head's
-    AUROC at telling agreement from disagreement."""
-    agree, kl, top, act = [], [], [], []
+    """The student against the teacher on `records` (whose `soft` targets are the teacher's): top-1
+    agreement (overall and per question), |dp| over every option, KL(teacher || student), the student's
+    calibration against the teacher's answer, and the act head's AUROC at telling agreement from
+    disagreement."""
+    agree, kl, top, act, dp = [], [], [], [], []
+    per_question: dict[str, list[bool]] = {}
     answers = student.predict_batch([r.state for r in records], records[0].questions) if records else []
     for record, response in zip(records, answers):
         for q in record.parsed:
@@ -241,15 +246,26 @@ def compare(student: Any, records: Sequence[Record]) -> dict[str, Any]:
             p = np.array([1 - a["noul"], a["noul"]] if q.qtype == "noul" else [a["probabilities"][k] for k in q.keys])
             t = np.array(record.soft[q.qid])
             agree.append(int(np.argmax(p)) == int(np.argmax(t)))
+            per_question.setdefault(q.qid, []).append(agree[-1])
+            dp.extend(np.abs(p - t).tolist())
             kl.append(float(np.sum(np.where(t > 0, t * (np.log(np.maximum(t, 1e-12)) - np.log(np.maximum(p, 1e-12))),
                                             0.0))))
             top.append(float(np.max(p)))
             act.append(a.get("x_act_probability", math.nan))
     agree_a, top_a, act_a = np.array(agree, dtype=bool), np.array(top), np.array(act, dtype=float)
     return {"answers": len(agree), "agreement": float(agree_a.mean()) if agree else math.nan,
+            "agreement_by_question": {qid: float(np.mean(v)) for qid, v in per_question.items()},
+            "max_abs_dp": float(np.max(dp)) if dp else math.nan, "mean_abs_dp": float(np.mean(dp)) if dp else math.nan,
             "kl": float(np.mean(kl)) if kl else math.nan, "ece_vs_teacher": ece(top_a, agree_a),
             "act_auroc": auroc(act_a, agree_a) if np.isfinite(act_a).all() else None,
             "top_probability_auroc": auroc(top_a, agree_a)}
+
+
+def short_of(heldout: Mapping[str, Any], min_agreement: float | None) -> dict[str, float]:
+    """The questions whose held-out agreement with the teacher is below `min_agreement` (none when unset)."""
+    if min_agreement is None:
+        return {}
+    return {qid: a for qid, a in heldout["agreement_by_question"].items() if not a >= min_agreement}
 
 
 def timings(outcomes: Mapping[str, dict[str, Any]], student: Any, states: Sequence[Any],
@@ -275,16 +291,22 @@ def timings(outcomes: Mapping[str, dict[str, Any]], student: Any, states: Sequen
 def distill(teacher: str | os.PathLike, student: str | os.PathLike, states_path: str | os.PathLike,
             questions: Mapping[str, Any], out: str | os.PathLike, *, api_key: str | None = None,
             concurrency: int = 4, rate: float | None = None, hard_weight: float = 0.5, threads: int | None = None,
-            progress: bool = True, teacher_model: str | None = None, **settings: Any) -> dict[str, Any]:
+            progress: bool = True, teacher_model: str | None = None, student_layers: int | None = None,
+            min_agreement: float | None = None, **settings: Any) -> dict[str, Any]:
     """The whole run; returns the report (also in `OUT/report/distill.json`). `settings` are
-    `laya train`'s (`laya.training.loop.Settings`)."""
+    `laya train`'s (`laya.training.loop.Settings`).
+
+    `student_layers`: the student is `student` cut to that many encoder layers (`laya.training.shrink`)
+    before it is trained; `student` may be the teacher's own checkpoint. `min_agreement`: the student is
+    trained aside and written to `out` only if every question's held-out top-1 agreement with the teacher
+    reaches it; otherwise a `LayaError` names the questions that fell short and `out` holds only the
+    teacher's answers and the report."""
     import laya
     from laya.apps.evaluation import parse_method
     from laya.calibration.data import read_records
     from laya.training.loop import Settings
 
-    if not 0.0 <= hard_weight <= 1.0:
-        raise LayaError(f"--hard-weight must be from 0 to 1, got {hard_weight}")
+    _check_bounds(hard_weight, min_agreement, student_layers)
     teacher = os.fspath(teacher)
     teacher_model = teacher_model or parse_method(teacher).model
     out = Path(out)
@@ -296,22 +318,81 @@ def distill(teacher: str | os.PathLike, student: str | os.PathLike, states_path:
         raise LayaError(f"the teacher answered none of the {len(states)} states; nothing to distill "
                         f"(first refusal: {refused[0]['error'] if refused else 'none'})")
     data = write_data(lines, out / TEACHER_DIR / DATA)
-    train_report = laya.train(student, data, out, quiet=not progress, threads=threads, **settings)
+    candidate, start = out / CANDIDATE, student
+    shutil.rmtree(candidate, ignore_errors=True)
+    if student_layers is not None:
+        from laya.training.shrink import shrink
+
+        start = shrink(student, student_layers, out / STUDENT_INIT)
+    try:
+        train_report = laya.train(start, data, candidate, quiet=not progress, threads=threads, **settings)
+    finally:
+        if student_layers is not None:
+            shutil.rmtree(out / STUDENT_INIT, ignore_errors=True)
     setting = Settings(**{k: v for k, v in settings.items()})
-    trained = laya.load(out, runtime="torch")
+    trained = laya.load(candidate, runtime="torch")
     held = held_out(read_records(data), setting.holdout, setting.seed)
+    heldout = compare(trained, held)
     report = {
-        "teacher": teacher, "student": os.fspath(student), "states": len(states),
-        "distinct_states": len({key_of(s.state, questions) for s in states}), "answered": len(lines),
-        "refused": len(refused), "refusals": refused[:20], "teacher_cost": cost.totals, "hard_weight": hard_weight,
-        "heldout": compare(trained, held), "heldout_lines": [r.line for r in held],
+        "teacher": teacher, "student": os.fspath(student),
+        "student_layers": trained.checkpoint.encoder.num_hidden_layers,
+        "kept_layers": json.loads((candidate / CONFIG_FILE).read_text(encoding="utf-8")).get("student", {}).get(
+            "kept_layers"),
+        "states": len(states), "distinct_states": len({key_of(s.state, questions) for s in states}),
+        "answered": len(lines), "refused": len(refused), "refusals": refused[:20], "teacher_cost": cost.totals,
+        "hard_weight": hard_weight, "min_agreement": min_agreement, "heldout": heldout,
+        "heldout_lines": [r.line for r in held],
         "timing": timings(outcomes, trained, [r.state for r in held] or [s.state for s in states], questions),
         "training": {k: train_report[k] for k in ("split", "training", "heldout", "act_head") if k in train_report},
         "checkpoint": os.fspath(out),
     }
+    short = short_of(heldout, min_agreement) if held else {"(no held-out states)": math.nan}
+    report["short_of_min_agreement"] = short if min_agreement is not None else {}
+    if min_agreement is not None and short:
+        shutil.rmtree(candidate, ignore_errors=True)
+        report["checkpoint"] = None
+        _write_report(out, report)
+        raise LayaError(f"the student was not written: its held-out top-1 agreement with the teacher is below "
+                        f"--min-agreement {min_agreement:g} on " + ", ".join(
+                            f"{qid!r} ({a:.1%})" for qid, a in short.items())
+                        + f" (report in {out / 'report' / REPORT})")
+    _promote(candidate, out)
+    _write_report(out, report)
+    return report
+
+
+def _check_bounds(hard_weight: float, min_agreement: float | None, student_layers: int | None) -> None:
+    if not 0.0 <= hard_weight <= 1.0:
+        raise LayaError(f"--hard-weight must be from 0 to 1, got {hard_weight}")
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+        raise LayaError(f"--min-agreement must be from 0 to 1, got {min_agreement}")
+    if student_layers is not None and (isinstance(student_layers, bool) or not isinstance(student_layers, int)
+                                       or student_layers < 1):
+        raise LayaError(f"--student-layers must be a whole number of layers, 1 or more, got {student_layers!r}")
+
+
+def _promote(candidate: Path, out: Path) -> None:
+    """The trained student's files, from where it was trained aside, into `out` (reports merged)."""
+    for entry in candidate.iterdir():
+        target = out / entry.name
+        if entry.is_dir() and entry.name == "report":
+            target.mkdir(exist_ok=True)
+            for item in entry.iterdir():
+                _replace(item, target / item.name)
+            continue
+        _replace(entry, target)
+    shutil.rmtree(candidate)
+
+
+def _replace(source: Path, target: Path) -> None:
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    os.replace(source, target)
+
+
+def _write_report(out: Path, report: Mapping[str, Any]) -> None:
     (out / "report").mkdir(parents=True, exist_ok=True)
     (out / "report" / REPORT).write_text(json.dumps(report, indent=2, default=_plain) + "\n", encoding="utf-8")
-    return report
 
 
 def _plain(value: Any) -> Any:
@@ -323,7 +404,9 @@ def _plain(value: Any) -> Any:
 def summary(report: Mapping[str, Any]) -> str:
     h, t = report["heldout"], report["timing"]
     auroc_text = "-" if h["act_auroc"] is None else f"{h['act_auroc']:.3f}"
-    return (f"distilled {report['answered']} of {report['states']} states ({report['refused']} refused by the "
+    cut = (f"a {report['student_layers']}-layer student (the teacher's layers {report['kept_layers']}): "
+           if report.get("kept_layers") else "")
+    return (cut + f"distilled {report['answered']} of {report['states']} states ({report['refused']} refused by the "
             f"teacher); on {h['answers']} held-out answers the student agrees with the teacher "
             f"{h['agreement']:.1%} (KL {h['kl']:.3f}, ECE {h['ece_vs_teacher']:.3f}, act head AUROC {auroc_text}); "
             f"{t['student_ms_per_decision']:.1f} ms per decision against the teacher's "

@@ -26,6 +26,12 @@ def register(sub: Subparsers) -> None:
     dst.add_argument("--rate", type=float, help="at most this many requests a second to a teacher URL")
     dst.add_argument("--hard-weight", type=float, default=0.5,
                      help="weight of a state's own labels, where given, against the teacher's probabilities")
+    dst.add_argument("--student-layers", type=int, metavar="N",
+                     help="cut the student to N encoder layers before training (the global and sliding-window "
+                          "kinds kept in their places); --student may be the teacher's own checkpoint")
+    dst.add_argument("--min-agreement", type=float, metavar="A",
+                     help="write the student only if its held-out top-1 agreement with the teacher reaches A "
+                          "(0 to 1) on every question")
     add_training_args(dst)
     dst.add_argument("--quiet", action="store_true", help="no progress")
     dst.set_defaults(func=cmd_distill)
@@ -43,7 +49,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     key = read_key_file(args.teacher_key, "--teacher-key")
     report = distill.distill(args.teacher, args.student, args.states, questions, args.out, api_key=key,
                              concurrency=args.concurrency, rate=args.rate, hard_weight=args.hard_weight,
-                             threads=args.threads, progress=not args.quiet, **training_settings(args))
+                             threads=args.threads, progress=not args.quiet, student_layers=args.student_layers,
+                             min_agreement=args.min_agreement, **training_settings(args))
     print(distill.summary(report))
     print(f"wrote {args.out} (report in {Path(args.out) / 'report' / distill.REPORT})", file=sys.stderr)
     return 0

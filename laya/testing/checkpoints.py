@@ -52,6 +52,9 @@ class TestCheckpointSpec:
     # the spread of attention logits q.k/sqrt(d_head) (None: Wqkv's fixed std 0.12, peaked at d 128)
     attention_logit_std: float | None = None
     scorer_gain: float = 2.5  # the scorer's last layer: larger gives more confident answers
+    # the encoder layers' output projections (attention's and the MLP's Wo): below 1, each layer moves the
+    # residual stream less and the tokens' own embeddings survive a deep stack, as in a pretrained encoder
+    residual_gain: float = 1.0
 
 
 # Checkpoints on which reduced precision is hard (the accuracy gates are measured on them): attention
@@ -159,6 +162,8 @@ def _weights(spec: TestCheckpointSpec, agent: AgentConfig, enc: EncoderConfig) -
             value = (spec.scorer_gain / np.sqrt(d)) * rng.standard_normal(shape)
         else:
             value = (1.0 / np.sqrt(shape[1])) * rng.standard_normal(shape)
+            if name.startswith("encoder.layers.") and name.endswith("Wo.weight"):
+                value = spec.residual_gain * value
         out[name] = value.astype(np.float16)
     return out
 
