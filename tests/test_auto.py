@@ -196,7 +196,6 @@ def test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_it
     never stored; of the two faithful ones the faster (packed fp32) is."""
     from types import SimpleNamespace
 
-    from laya.encoder import bench
     from laya.encoder.runtimes.base import RuntimeInfo
 
     def fake(precision: str, gate: dict | None) -> SimpleNamespace:
@@ -212,7 +211,7 @@ def test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_it
     stored = {}
     monkeypatch.setattr(choice, "store_pick", lambda fingerprint, name, options, measured, **kw:
                         stored.update(name=name, options=options, measured=measured) or "the pick")
-    assert bench.store_winner(models, results) == ("packed", "the pick")
+    assert choice.store_winner(models, results) == ("packed", "the pick")
     assert stored["name"] == "packed" and stored["options"] == {"precision": "fp32"}
     assert "bf16" not in stored["measured"]["summary"]
 

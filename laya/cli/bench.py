@@ -42,7 +42,7 @@ def register(sub: Subparsers) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """`laya bench MODEL -r RUNTIME ...`: the table of timings (and `--json`'s figures)."""
     import laya
-    from laya.encoder import bench
+    from laya.encoder import bench, choice
     from laya.native.cpu import cpu
 
     args.onnx_bundle = {"fp32": args.onnx_fp32, "int8": args.onnx_int8}
@@ -77,7 +77,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench.report(results)
     bench.report_gates(models, skipped)
     if args.pick:
-        spec, path = bench.store_winner(models, results)
+        spec, path = choice.store_winner(models, results)
         print(f"picked {spec} for {Path(args.model).name} on this machine (used by runtime='auto'): {path}")
     if args.json:
         gates = {k: m.runtime.info().gate for k, m in models.items()}

@@ -236,31 +236,6 @@ def faithful(model: Model) -> bool:
     return gate is None or bool(gate.get("passed"))
 
 
-def store_winner(models: dict[str, Model], results: list[dict[str, Any]]) -> tuple[str, Any]:
-    """The fastest faithful runtime (geometric mean of its speed-ups over the scenarios), stored for auto."""
-    from laya.encoder.choice import store_pick
-
-    speed = {}
-    for spec, model in models.items():
-        if not faithful(model) or model.choice is not None:
-            continue
-        ups = [r["speedup"] for r in results if r["runtime"] == spec]
-        speed[spec] = statistics.geometric_mean(ups)
-    if not speed:
-        raise ValueError("no faithful runtime was measured")
-    winner = max(speed, key=lambda label: speed[label])
-    model = models[winner]
-    name, _, precision = winner.partition(":")
-    summary = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(speed.items(), key=lambda kv: -kv[1]))
-    medians = {f"{spec.partition(':')[0]} {models[spec].runtime.precision}":
-               [round(r["median_ms"], 3) for r in results if r["runtime"] == spec] for spec in speed}
-    path = store_pick(model.checkpoint.fingerprint, name, {"precision": model.runtime.precision},
-                      {"by": "laya bench --pick", "summary": f"speed vs {next(iter(models))}: {summary}",
-                       "scenarios": list(dict.fromkeys(r["scenario"] for r in results)), "medians_ms": medians,
-                       "results": [r for r in results if r["runtime"] == winner]})
-    return winner, path
-
-
 def report_gates(models: dict[str, Model], skipped: dict[str, str], say=print) -> None:
     """Each runtime's accuracy gate next to its speed: a fast answer that drifts is not a win."""
     from laya.encoder.gate import describe

@@ -60,6 +60,7 @@ from laya.native.cpu import Cpu, cpu
 
 if TYPE_CHECKING:
     from laya.encoder.checkpoint import Checkpoint
+    from laya.encoder.model import Model
     from laya.encoder.runtimes.base import Runtime
 
 log = logging.getLogger("laya")
@@ -198,6 +199,34 @@ def stored_pick(fingerprint: str, machine: Cpu, exact: bool = False) -> dict[str
     if not ok or record.get("versions") != library_versions():
         return None
     return record
+
+
+def store_winner(models: dict[str, Model], results: list[dict[str, Any]]) -> tuple[str, Any]:
+    """`laya bench --pick`: the fastest faithful runtime of `laya.encoder.bench.run`'s `results` (geometric
+    mean of its speed-ups over the scenarios), stored where auto looks for its pick. It lives here, beside
+    `store_pick`, because what it writes is auto's record: the timing (`laya.encoder.bench`) stays below
+    auto and never imports it."""
+    from laya.encoder.bench import faithful
+
+    speed = {}
+    for spec, model in models.items():
+        if not faithful(model) or model.choice is not None:
+            continue
+        ups = [r["speedup"] for r in results if r["runtime"] == spec]
+        speed[spec] = statistics.geometric_mean(ups)
+    if not speed:
+        raise ValueError("no faithful runtime was measured")
+    winner = max(speed, key=lambda label: speed[label])
+    model = models[winner]
+    name, _, precision = winner.partition(":")
+    summary = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(speed.items(), key=lambda kv: -kv[1]))
+    medians = {f"{spec.partition(':')[0]} {models[spec].runtime.precision}":
+               [round(r["median_ms"], 3) for r in results if r["runtime"] == spec] for spec in speed}
+    path = store_pick(model.checkpoint.fingerprint, name, {"precision": model.runtime.precision},
+                      {"by": "laya bench --pick", "summary": f"speed vs {next(iter(models))}: {summary}",
+                       "scenarios": list(dict.fromkeys(r["scenario"] for r in results)), "medians_ms": medians,
+                       "results": [r for r in results if r["runtime"] == winner]})
+    return winner, path
 
 
 def _by_auto(pick: dict[str, Any]) -> bool:

@@ -293,7 +293,7 @@ def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> 
 
     from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
     from laya.encoder.checkpoint import load_checkpoint
-    from laya.encoder.export.gguf import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
+    from laya.encoder.llama_bundle import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
 
     checkpoint = load_checkpoint(checkpoint_folder)
     out.mkdir(parents=True)

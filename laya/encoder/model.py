@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,12 +20,10 @@ from laya.calibration.upstream import apply_binning
 from laya.decoding import decode
 from laya.encoder.batch import collate, padded_length
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.choice import Choice
 from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.encoder.rows import HeadCache, QuestionTokens, Row, StateTokens, build_row, compact_row, tokenize_state
 from laya.encoder.runtimes.base import Runtime
 from laya.encoder.shortlist import shortlist_request, widened
-from laya.encoder.upgrade import Upgrade
 from laya.encoder.windows import Windows, aggregate, cut, plan
 from laya.errors import QuestionError
 from laya.limits import UNLIMITED, Limits
@@ -44,6 +42,10 @@ from laya.structured import (
 )
 from laya.structured.gate import Threshold
 from laya.tournament import DEFAULT_GROUP, Tournament, tournament_rows
+
+if TYPE_CHECKING:  # auto's machinery sits above the model: it builds models, the model only holds its records
+    from laya.encoder.choice import Choice
+    from laya.encoder.upgrade import Upgrade
 
 DEFAULT_MAX_BATCH_ROWS = 32
 
