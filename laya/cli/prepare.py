@@ -55,7 +55,7 @@ def _one_at_a_time(model: str) -> Iterator[None]:
     workers each start one, and the second finds the first's pick stored instead of compiling again."""
     import hashlib
 
-    from laya.encoder.choice import cache_root
+    from laya.encoder.cache import cache_root
 
     name = hashlib.sha256(os.path.abspath(model).encode("utf-8", "surrogatepass")).hexdigest()[:16]
     try:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from laya.encoder.cache import cache_root
 from laya.encoder.checkpoint import CONFIG_FILE, ENCODER_CONFIG, TOKENIZER_DIR, Checkpoint
 from laya.errors import CheckpointError
 
@@ -113,7 +114,7 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 def cache_folder(kind: str, key: str, cache_dir: Path | None = None) -> Path:
     """Where `cached_export` keeps the bundle `key` of `kind` (complete when its manifest is there)."""
-    return (cache_dir or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / kind) / key
+    return (cache_dir or cache_root() / kind) / key
 
 
 def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: Path | None = None) -> Path:

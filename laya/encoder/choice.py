@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from laya.encoder.cache import cache_root
 from laya.encoder.upgrade import in_background
 from laya.errors import LayaError, RuntimeUnavailable
 from laya.native.cpu import Cpu, cpu
@@ -141,11 +142,6 @@ class Choice:
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
-
-
-def cache_root() -> Path:
-    """Where picks, gates, programs and bundles are kept: `$LAYA_CACHE`, else ~/.cache/laya."""
-    return Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya"))
 
 
 EXACT = ("fp32", "f32")  # the precisions of the exact runtimes (`precision="fp32"` keeps auto to them)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from laya.encoder.cache import cache_root
 from laya.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
@@ -258,9 +259,8 @@ def cached_gate(key: str, measure_now: Callable[[], dict[str, Any]]) -> dict[str
     import json
     import os
     import tempfile
-    from pathlib import Path
 
-    folder = Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "gates"
+    folder = cache_root() / "gates"
     path = folder / f"{key}.json"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from laya.digests import sha256_of
+from laya.encoder.cache import cache_root
 from laya.encoder.head_layout import NO_ACT_HEAD
 from laya.errors import CheckpointError
 
@@ -76,7 +77,7 @@ def unpack(path: str | os.PathLike, cache: Path | None = None) -> Unpacked:
     path = Path(path)
     if decision_type(path) != "laya":
         raise CheckpointError(f"{path}: not a laya decision GGUF (no {DECISION_TYPE} = 'laya')")
-    root = (cache or Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "gguf")
+    root = (cache or cache_root() / "gguf")
     folder = root / f"{sha256_of(path)[:24]}-u{UNPACK_REVISION}"
     done = folder / "unpacked.json"
     if not done.is_file():

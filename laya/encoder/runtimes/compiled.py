@@ -25,12 +25,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from laya.encoder.cache import cache_root
+
 log = logging.getLogger("laya")
 SUFFIX = ".pt2"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("LAYA_CACHE", Path.home() / ".cache" / "laya")) / "compiled"
+def programs_root() -> Path:
+    return cache_root() / "compiled"
 
 
 def target() -> str:
@@ -95,7 +97,7 @@ def _locked(key: str) -> Iterator[None]:
     then find it compiled."""
     import fcntl
 
-    root = cache_root()
+    root = programs_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{key}.lock", "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -108,7 +110,7 @@ def _locked(key: str) -> Iterator[None]:
 def cached_program(key: str, build: Callable[[Path], None]) -> Path:
     """The program `key`, compiled by `build(path)` on first use into the cache (written whole or not
     at all: an interrupted compile never leaves a file that looks finished)."""
-    path = cache_root() / f"{key}{SUFFIX}"
+    path = programs_root() / f"{key}{SUFFIX}"
     if path.is_file():
         return path
     with _locked(key):
