@@ -80,16 +80,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if is_gguf(args.model) and args.format == "upstream":
         raise UsageError("--format upstream is upstream laya's file for laya checkpoints; a GGUF is calibrated in "
                          "laya's own format")
-    model: Any
+    model: Any = common.make_engine(args).model  # opened as every command opens a model (`open_engine`)
     if is_gguf(args.model):
-        from laya.decide.llama import open_gguf
-        from laya.engines import split_readout
-
-        path, readout = split_readout(args.model)
-        model = open_gguf(path, n_ctx=args.n_ctx, threads=args.threads, readout=readout or args.readout)
         fingerprint, buckets = model.fingerprint, args.buckets == "on"
     else:
-        model = common.load_model(args)
         fingerprint, buckets = model.checkpoint.fingerprint, args.buckets != "off"
     try:
         outcome = calibrate(model, records, fingerprint=fingerprint, holdout=args.holdout, seed=args.seed,

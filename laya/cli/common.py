@@ -120,7 +120,8 @@ def make_engine(args: argparse.Namespace) -> Engine:
              "decide_probe": getattr(args, "decide_probe", None), "calibration": getattr(args, "calibration", None),
              "runtime": getattr(args, "runtime", None), "precision": getattr(args, "precision", None),
              "force": getattr(args, "force", False), "revision": getattr(args, "revision", None),
-             "subfolder": getattr(args, "subfolder", None), "sha256": getattr(args, "sha256", None)}
+             "subfolder": getattr(args, "subfolder", None), "sha256": getattr(args, "sha256", None),
+             "n_ctx": getattr(args, "n_ctx", None)}
     return open_engine(args.model, **{k: v for k, v in given.items() if v not in (None, False)})
 
 
