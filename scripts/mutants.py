@@ -46,6 +46,7 @@ ADMISSION = "laya/server/admission.py"
 BATCHER = "laya/server/batcher.py"
 BODY = "laya/server/body.py"
 REMOTE = "laya/server/remote.py"
+ENGINE_LOOP = "laya/server/engine_loop.py"
 PROGRESS = "laya/server/progress.py"
 ONNX = "laya/encoder/runtimes/onnx.py"
 ONNX_EXPORT = "laya/encoder/export/onnx.py"
@@ -130,17 +131,17 @@ MUTANTS = [
     Mutant("batcher-release-noop", BATCHER, "        self.pending_rows -= rows\n\n    def resize",
            "        pass\n\n    def resize", ADMISSION_TESTS, "a refused request's rows are never given back"),
     # --- the engine process ---
-    Mutant("remote-one-at-a-time", REMOTE,
-           "        while self.prepared and rows < batching.max_rows and tokens < budget:",
+    Mutant("remote-one-at-a-time", ENGINE_LOOP,
+           "        while self.prepared and batching.has_room(rows, tokens):",
            "        while False:",
            REMOTE_TESTS, "the engine process runs one request at a time, never what queued together"),
-    Mutant("remote-cancel-lost", REMOTE,
+    Mutant("remote-cancel-lost", ENGINE_LOOP,
            "return self._set or self._board[self._rid % len(self._board)] == self._rid or self.expired",
            "return self._set or self.expired", REMOTE_TESTS,
            "a cancel reaching the engine process does not stop the waiting request"),
-    Mutant("remote-waits-alone", REMOTE,
+    Mutant("remote-waits-alone", ENGINE_LOOP,
            "        if batching.max_wait_ms > 0:  # else no wait at all: what is prepared goes now\n"
-           "            deadline = time.perf_counter() + batching.max_wait_ms / 1000.0",
+           "            deadline = time.perf_counter() + batching.wait_s",
            "        if True:\n            deadline = time.perf_counter() + max(batching.max_wait_ms, 300.0) / 1000.0",
            REMOTE_TESTS,
            "an idle engine process waits for company it was not asked to wait for"),
@@ -151,7 +152,7 @@ MUTANTS = [
            "pass", ("tests/test_placement.py",), "the calling thread of a forward is not pinned to its own core"),
     Mutant("placement-dedicated-freed", "laya/native/placement.py", "if me == _dedicated:", "if False:",
            ("tests/test_placement.py",), "the engine process's forward thread is pinned and freed around every call"),
-    Mutant("engine-thread-not-dedicated", REMOTE, "        dedicate_this_thread()  #", "        pass  #",
+    Mutant("engine-thread-not-dedicated", ENGINE_LOOP, "        dedicate_this_thread()  #", "        pass  #",
            ("tests/test_placement.py::test_the_engine_process_keeps_its_forward_thread_on_one_core",),
            "the engine process does not name its main thread as the one that runs forward passes"),
     Mutant("placement-pool-free", ONNX, 'options.add_session_config_entry("session.intra_op_thread_affinities", '
@@ -167,7 +168,7 @@ MUTANTS = [
     Mutant("pickle-drops-a-field", "laya/response.py", "attrgetter(*(f.name for f in fields(cls)))",
            "attrgetter(*(f.name for f in fields(cls)[:-1]))", ("tests/test_response.py",),
            "an answer's last field is lost on its way across the pipe"),
-    Mutant("aside-never-drained", REMOTE, "        if any(key.fd == self.wake_r for key, _ in ready):",
+    Mutant("aside-never-drained", ENGINE_LOOP, "        if any(key.fd == self.wake_r for key, _ in ready):",
            "        if False:", ("tests/test_engine_process.py::"
                                 "test_large_requests_prepared_aside_and_small_ones_between_them_are_all_answered",),
            "a request prepared on the engine process's preparing thread is never run"),
@@ -348,8 +349,8 @@ MUTANTS = [
     Mutant("shortlist-query-bare", "laya/encoder/shortlist.py", '    return f"{said}\\n{body}"', "    return body",
            ("tests/test_shortlist.py",), "the shortlist's query leaves out the question's instructions"),
     Mutant("batch-token-budget-ignored", BATCHER,
-           "while rows < self.max_rows and (self.max_tokens is None or tokens < self.max_tokens):",
-           "while rows < self.max_rows:",
+           "while self.batching.has_room(rows, tokens):",
+           "while rows < self.batching.max_rows:",
            ("tests/test_admission.py::test_a_batch_holds_a_token_budget_as_well_as_rows",),
            "--max-batch-tokens bounds nothing"),
     Mutant("hosted-name-unknown", "laya/server/routes.py",
@@ -401,10 +402,9 @@ MUTANTS = [
            "await self._restarted(0.0)",
            (f"{RECOVERY}::test_an_engine_killed_under_load_on_busy_cores_loses_no_request",),
            "a request caught by a death is answered 503 at once, never run on the new process"),
-    Mutant("batch-tokens-not-plumbed", "laya/server/serve.py",
-           "max_wait_ms=options.server.max_wait_ms,\n"
-           "                        max_tokens=options.server.max_batch_tokens)",
-           "max_wait_ms=options.server.max_wait_ms)",
+    Mutant("batch-tokens-not-plumbed", "laya/server/state.py",
+           "max_wait_ms=self.max_wait_ms, max_tokens=self.max_batch_tokens)",
+           "max_wait_ms=self.max_wait_ms)",
            ("tests/test_engine_process.py::test_laya_serve_gives_its_engine_processes_the_batch_bounds_it_was_given",),
            "--max-batch-tokens never reaches the engine process, where laya serve batches"),
     Mutant("ray-batch-tokens-not-plumbed", "laya/server/ray_app.py",
@@ -412,8 +412,8 @@ MUTANTS = [
            "                                  ))",
            ("tests/test_ray_config.py::test_laya_serve_ray_gives_each_replica_the_batch_bounds_it_was_given",),
            "--max-batch-tokens never reaches a Ray replica's batcher"),
-    Mutant("remote-token-budget-ignored", REMOTE,
-           "        while self.prepared and rows < batching.max_rows and tokens < budget:",
+    Mutant("remote-token-budget-ignored", ENGINE_LOOP,
+           "        while self.prepared and batching.has_room(rows, tokens):",
            "        while self.prepared and rows < batching.max_rows:",
            ("tests/test_engine_process.py::test_the_engine_process_holds_a_batch_to_max_batch_tokens",),
            "the engine process batches past --max-batch-tokens"),
@@ -443,11 +443,11 @@ MUTANTS = [
            "        y = F.linear(F.layer_norm(m.to(s[0].dtype), (m.shape[-1],), s[0], s[1], HEAD_EPS), s[2], s[3])",
            (f"{AUTO}::test_the_packed_scorer_and_act_head_run_in_fp32_whatever_the_precision",),
            "the packed runtime's scorer runs in the plan's reduced precision"),
-    Mutant("bench-picks-forced", "laya/encoder/bench.py", "if not faithful(model) or model.choice is not None:",
+    Mutant("bench-picks-forced", "laya/encoder/choice.py", "if not faithful(model) or model.choice is not None:",
            "if model.choice is not None:",
            (f"{AUTO}::test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_its_gate",),
            "laya bench --pick stores a runtime forced past its failed gate"),
-    Mutant("bench-picks-slowest", "laya/encoder/bench.py", "winner = max(speed, key=lambda label: speed[label])",
+    Mutant("bench-picks-slowest", "laya/encoder/choice.py", "winner = max(speed, key=lambda label: speed[label])",
            "winner = min(speed, key=lambda label: speed[label])",
            (f"{AUTO}::test_bench_pick_stores_the_fastest_faithful_runtime_never_one_forced_past_its_gate",),
            "laya bench --pick stores the slowest faithful runtime"),
