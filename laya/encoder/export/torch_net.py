@@ -180,6 +180,6 @@ class PortableNet(Network):
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.gelu(x)
 
-    def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):  # type: ignore[override]
+    def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
         """`marker_mask=None` when every marker slot is a real option (single rows: Core ML)."""
         return super().forward(F.embedding(input_ids, self.emb), attention_mask, marker_pos, marker_mask, qtype)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.gate import GateFailed, describe
 from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -66,6 +67,26 @@ class Plan:
         if self.fp32_layers:
             text += f", the first {self.fp32_layers} encoder layer{'s' if self.fp32_layers > 1 else ''} in fp32"
         return text
+
+
+def first_passing_plan(runtime: str, precision: str, checkpoint: Checkpoint, tried: list[Plan],
+                       gate: Callable[[Plan], dict[str, Any]], force: bool) -> tuple[Plan, dict[str, Any] | None]:
+    """The plan a reduced precision runs (packed, cuda) and its gate record: the first of `tried` whose
+    record passes (fp32 needs none); forced past a failed gate, the last tried (the most accurate), with
+    the record the refusal names."""
+    if precision == "fp32":
+        return tried[0], None
+    records = []
+    for plan in tried:
+        records.append(gate(plan))
+        if records[-1]["passed"]:
+            return plan, records[-1]
+    if not force:
+        raise GateFailed(f"{runtime} {precision} failed its accuracy gate on {checkpoint.path} "
+                         f"({describe(records[-1])}, with {tried[-1].describe()}): its answers drift from fp32 "
+                         "beyond the precision standard. Use precision='fp32', or pass force=True to accept "
+                         "it", records[-1])
+    return tried[-1], records[-1]
 
 
 def _param(array, dtype: torch.dtype = torch.float32) -> nn.Parameter:
