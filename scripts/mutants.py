@@ -288,7 +288,7 @@ MUTANTS = [
            ("tests/test_auto.py::test_a_row_answers_the_same_alone_and_in_any_batch",),
            "a row in company is computed with its batch's padding"),
     Mutant("rownet-local-unmasked", "laya/encoder/runtimes/rownet.py",
-           "attn_mask=global_mask if is_global else local_mask)", "attn_mask=global_mask)",
+           'masks["global" if is_global else "local"]', 'masks["global"]',
            ("tests/test_parity.py::test_against_reference[packed-fp32-checkpoint_dir]",),
            "local layers attend over the whole row"),
     Mutant("auto-ties-to-candidate", "laya/encoder/choice.py", "if ratios[label] < ratios[winner]:",
