@@ -68,7 +68,8 @@ def _attention(q, k, v, mask, heads: int, c: int, n: int) -> torch.Tensor:
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, c: int, n: int) -> torch.Tensor:
     """RoPE on (1, C, 1, L): a head's channels are axis 2 of (1, H, hd, L)."""
-    return rotate(x.reshape(1, heads, c // heads, n), cos, sin, 2).reshape(1, c, 1, n)
+    hd = c // heads
+    return rotate(x.reshape(1, heads, hd, n), cos, sin, 2, hd // 2).reshape(1, c, 1, n)
 
 
 class AneEncoderLayer(nn.Module):

@@ -152,7 +152,7 @@ class PortableNet(Network):
             half = self.head_dim // 2
             for name in ("global", "local"):
                 for fn in ("cos", "sin"):
-                    table = self.get_buffer(f"{name}_{fn}")[:, :half].contiguous()
+                    table = self.get_buffer(f"{name}_{fn}")[:, 0, :half].contiguous()
                     self.register_buffer(f"{name}_{fn}_half", table, persistent=False)
 
     @classmethod

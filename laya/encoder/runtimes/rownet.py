@@ -18,10 +18,10 @@ left alone as the anchor every other runtime is held to. Every other torch netwo
   operations: additive masks, attention, RoPE and GeGLU's GELU as replaceable (fusable) calls, fp32
   products with their bias fused as nn.Linear has it, and the head's norms pre-scaled for fp16.
 
-The network takes embeddings already gathered (the table stays outside the graph a compiler sees), so
-the same module runs eagerly, ahead-of-time compiled (`compiled.py`), and on a GPU. `rope_tables`,
-`rotate` and `act_features` are the one torch copy of those pieces of the maths (the reference's
-act features and the Neural Engine network's tables are these).
+`Network` takes embeddings already gathered (the table stays outside the graph a compiler sees; only
+PortableNet gathers in its graph), so RowNet runs eagerly, ahead-of-time compiled (`compiled.py`), and
+on a GPU. `rope_tables`, `rotate` and `act_features` are the one torch copy of those pieces of the
+maths (the reference's act features and the Neural Engine network's tables are these).
 """
 
 from __future__ import annotations
@@ -148,25 +148,27 @@ def rope_tables(theta: float, head_dim: int, length: int) -> tuple[torch.Tensor,
     return emb.cos(), emb.sin()
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Rotate-half RoPE of `x` along `dim` (a head's channels) by tables that broadcast against it."""
-    half = x.shape[dim] // 2
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int = -1, half: int | None = None
+           ) -> torch.Tensor:
+    """Rotate-half RoPE of `x` along `dim` (a head's channels) by tables that broadcast against it. `half`
+    (half the channels) is given where a tracer would record reading the shape as graph operations
+    (torch.jit.trace, the Neural Engine network's converter)."""
+    half = x.shape[dim] // 2 if half is None else half
     before = (slice(None),) * (dim % x.dim())
     return x * cos + torch.cat([-x[before + (slice(half, None),)], x[before + (slice(None, half),)]], dim) * sin
 
 
-def act_features(logits: torch.Tensor, count: torch.Tensor | None = None) -> torch.Tensor:
+def act_features(logits: torch.Tensor, k: torch.Tensor | None = None) -> torch.Tensor:
     """[top1, top1 - top2, normalised entropy, k / 255] of untempered option distributions: `logits`
-    [..., K] with MASKED_LOGIT past each row's `count` real options, and K >= 2 (a single option's
-    runner-up is an empty slot). `count=None`: one row whose every slot is an option, padded here when
-    it has one (the reference and training call it so; the graphs give counts and two slots or more,
-    as a branch on a traced shape would specialise them)."""
+    [..., K] with MASKED_LOGIT past each row's real options, K >= 2 (a single option's runner-up is an
+    empty slot), and `k` their count, at least 2, in fp32. `k=None`: one row whose every slot is an
+    option, padded here when it has one (the reference and training call it so; the graphs give `k`
+    and two slots or more, as a branch on a traced shape would specialise them)."""
     p = torch.softmax(logits, -1)
-    if count is None:
-        count = torch.tensor(p.shape[-1], device=p.device)
+    if k is None:
+        k = torch.tensor(float(max(2, p.shape[-1])), device=p.device)
         if p.shape[-1] < 2:
             p = F.pad(p, (0, 1))
-    k = count.clamp(min=2).float()
     entropy = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
     top = p.topk(2, -1).values
     return torch.stack([top[..., 0], top[..., 0] - top[..., 1], entropy, k / 255.0], -1)
@@ -229,9 +231,9 @@ class Network(nn.Module):
         self.globals = [enc.is_global(i) for i in range(n_layers)]
         self.dtypes = [torch.float32 if i < plan.fp32_layers else DTYPES[plan.attention] for i in range(n_layers)]
         for name, theta in (("global", enc.global_rope_theta), ("local", enc.local_rope_theta)):
-            cos, sin = rope_tables(theta, self.head_dim, cfg.max_len)
-            self.register_buffer(f"{name}_cos", cos, persistent=False)
-            self.register_buffer(f"{name}_sin", sin, persistent=False)
+            cos, sin = rope_tables(theta, self.head_dim, cfg.max_len)  # [L, 1, hd]: broadcast over heads
+            self.register_buffer(f"{name}_cos", cos[:, None, :], persistent=False)
+            self.register_buffer(f"{name}_sin", sin[:, None, :], persistent=False)
         self.head = nn.ModuleList(HeadLayer(w, f"head.layers.{j}.", plan.attention, project)
                                   for j in range(cfg.head_layers))
         self.type_emb = _param(w["type_emb.weight"])
@@ -262,8 +264,8 @@ class Network(nn.Module):
     def rope(self, x: torch.Tensor, is_global: bool) -> torch.Tensor:
         """RoPE on [B, L, D] projections (heads inside) from the full-width tables."""
         b, n, d = x.shape
-        cos = (self.global_cos if is_global else self.local_cos)[:n, None, :]
-        sin = (self.global_sin if is_global else self.local_sin)[:n, None, :]
+        cos = (self.global_cos if is_global else self.local_cos)[:n]
+        sin = (self.global_sin if is_global else self.local_sin)[:n]
         return rotate(x.view(b, n, self.heads, self.head_dim), cos, sin).reshape(b, n, d)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
@@ -323,12 +325,12 @@ class Network(nn.Module):
         s = self.scorer
         y = F.linear(self.head_norm(m, s[0], s[1]), s[2], s[3])
         logits = F.linear(F.gelu(y), s[4], s[5]).squeeze(-1)
-        if marker_mask is None:
-            count = torch.ones_like(logits).sum(-1)
+        if marker_mask is None:  # every slot an option, and callers give at least two
+            k = torch.ones_like(logits).sum(-1)
         else:
-            logits, count = logits.masked_fill(~marker_mask, MASKED_LOGIT), marker_mask.sum(-1)
+            logits, k = logits.masked_fill(~marker_mask, MASKED_LOGIT), marker_mask.sum(-1).clamp(min=2).float()
         slots = F.pad(logits, (0, 1), value=MASKED_LOGIT) if self.spare_slot else logits
-        feats = act_features(slots, count)
+        feats = act_features(slots, k)
         a = self.act
         act = F.linear(F.gelu(F.linear(torch.cat([cls, feats], -1), a[0], a[1])), a[2], a[3])
         return logits, act
