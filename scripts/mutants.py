@@ -289,7 +289,7 @@ MUTANTS = [
            ("tests/test_auto.py::test_a_row_answers_the_same_alone_and_in_any_batch",),
            "a row in company is computed with its batch's padding"),
     Mutant("rownet-local-unmasked", "laya/encoder/runtimes/rownet.py",
-           "attn_mask=global_mask if is_global else local_mask)", "attn_mask=global_mask)",
+           'masks["global" if is_global else "local"]', 'masks["global"]',
            ("tests/test_parity.py::test_against_reference[packed-fp32-checkpoint_dir]",),
            "local layers attend over the whole row"),
     Mutant("auto-ties-to-candidate", "laya/encoder/choice.py", "if ratios[label] < ratios[winner]:",
@@ -438,9 +438,9 @@ MUTANTS = [
            "the packed runtime's act head runs in the plan's reduced precision"),
     Mutant("packed-scorer-reduced", ROWNET,
            "        s = self.scorer\n"
-           "        y = F.linear(F.layer_norm(m, (m.shape[-1],), s[0], s[1], HEAD_EPS), s[2], s[3])",
+           "        y = F.linear(self.head_norm(m, s[0], s[1]), s[2], s[3])",
            "        s = [p.to(DTYPES[self.plan.attention]) for p in self.scorer]\n"
-           "        y = F.linear(F.layer_norm(m.to(s[0].dtype), (m.shape[-1],), s[0], s[1], HEAD_EPS), s[2], s[3])",
+           "        y = F.linear(self.head_norm(m.to(s[0].dtype), s[0], s[1]), s[2], s[3])",
            (f"{AUTO}::test_the_packed_scorer_and_act_head_run_in_fp32_whatever_the_precision",),
            "the packed runtime's scorer runs in the plan's reduced precision"),
     Mutant("bench-picks-forced", "laya/encoder/choice.py", "if not faithful(model) or model.choice is not None:",

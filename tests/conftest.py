@@ -183,7 +183,7 @@ def corrupt_one_weight(monkeypatch, module) -> None:
         net = real(checkpoint, plan)
         if plan.matmul != "fp32":
             with torch.no_grad():
-                net.layers[-1].wo_mlp.weight[0, 0] = 300.0
+                net.layers[-1].Wo_mlp.weight[0, 0] = 300.0
         return net
 
     monkeypatch.setattr(module, "RowNet", corrupted)

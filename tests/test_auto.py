@@ -120,7 +120,7 @@ def test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes(monkeypatch, c
         net = real(checkpoint, plan)
         if plan.matmul != "fp32" and plan.fp32_layers == 0:
             with torch.no_grad():
-                net.layers[0].wo_mlp.weight[0, 0] = 300.0
+                net.layers[0].Wo_mlp.weight[0, 0] = 300.0
         return net
 
     monkeypatch.setattr(packed, "RowNet", first_layer_drifts)

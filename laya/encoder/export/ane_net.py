@@ -24,6 +24,7 @@ from torch import nn
 
 from laya.encoder.config import EncoderConfig
 from laya.encoder.export.torch_net import HEAD_NORM_SCALE
+from laya.encoder.runtimes.rownet import rope_tables, rotate
 
 SLOTS = 32  # option markers per row on the Neural Engine
 ENCODER_NORM_SCALE = 1.0
@@ -55,14 +56,6 @@ class ChannelNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def rope_tables(theta: float, head_dim: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin as (1, 1, head_dim, L) constants of a fixed length."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], -1).T[None, None]  # (1, 1, hd, L)
-    return emb.cos(), emb.sin()
-
-
 def _attention(q, k, v, mask, heads: int, c: int, n: int) -> torch.Tensor:
     """q, k, v (1, C, 1, L) -> (1, C, 1, L); `mask` additive, broadcast to (1, H, L, L). Shapes are
     passed as Python ints: fixed per bundle, and a traced shape would become a graph computation."""
@@ -74,10 +67,9 @@ def _attention(q, k, v, mask, heads: int, c: int, n: int) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, c: int, n: int) -> torch.Tensor:
+    """RoPE on (1, C, 1, L): a head's channels are axis 2 of (1, H, hd, L)."""
     hd = c // heads
-    x = x.reshape(1, heads, hd, n)
-    rotated = torch.cat([-x[:, :, hd // 2 :], x[:, :, : hd // 2]], dim=2)
-    return (x * cos + rotated * sin).reshape(1, c, 1, n)
+    return rotate(x.reshape(1, heads, hd, n), cos, sin, 2, hd // 2).reshape(1, c, 1, n)
 
 
 class AneEncoderLayer(nn.Module):
@@ -137,9 +129,9 @@ class AneNet(nn.Module):
         self.scorer1 = _conv(w["scorer.1.weight"], w["scorer.1.bias"])
         self.scorer2 = _conv(w["scorer.3.weight"], w["scorer.3.bias"])
         for name, theta in (("global", enc.global_rope_theta), ("local", enc.local_rope_theta)):
-            cos, sin = rope_tables(theta, enc.head_dim, length)
-            self.register_buffer(f"cos_{name}", cos)
-            self.register_buffer(f"sin_{name}", sin)
+            cos, sin = rope_tables(theta, enc.head_dim, length)  # as (1, 1, hd, L) constants
+            self.register_buffer(f"cos_{name}", cos.T[None, None])
+            self.register_buffer(f"sin_{name}", sin.T[None, None])
 
     def forward(self, embeddings, type_vector, global_mask, local_mask, markers):
         x = self.emb_norm(embeddings)

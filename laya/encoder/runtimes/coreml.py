@@ -33,6 +33,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.bundle import bundle_to_run, read_manifest
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.head_layout import MASKED_LOGIT
+from laya.encoder.numpy_head import act_features
 from laya.encoder.runtimes.base import Compact, RuntimeBase
 from laya.encoder.runtimes.mil import erf
 from laya.errors import CheckpointError, RuntimeUnavailable
@@ -45,18 +46,6 @@ NEURAL_ENGINE = "CPU_AND_NE"
 MASK = -1e4
 
 Predictor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-def act_features(z: np.ndarray) -> np.ndarray:
-    """[top1, top1 - top2, normalised entropy, k / 255] of one row's untempered options (fp32 host)."""
-    z = np.asarray(z, dtype=np.float64)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    k = max(2, len(z))
-    entropy = -float(np.sum(p * np.log(np.maximum(p, 1e-9)))) / math.log(k)
-    top = np.sort(p)[::-1]
-    second = top[1] if len(top) > 1 else 0.0
-    return np.array([top[0], top[0] - second, entropy, k / 255.0])
 
 
 class HostParts:

@@ -42,11 +42,11 @@ import torch.nn.functional as F
 
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint, TensorFile
-from laya.encoder.gate import GateFailed, cached_gate, describe, measure
+from laya.encoder.gate import cached_gate, measure
 from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.buckets import DEFAULT_MAX_ROWS, GraphCache, Key, Pass, all_buckets, pack
-from laya.encoder.runtimes.rownet import Plan, RowNet
+from laya.encoder.runtimes.rownet import Plan, RowNet, first_passing_plan
 from laya.errors import RuntimeUnavailable
 
 # Bumped whenever the network, its plans or the packing change, so that cached gate records are remade.
@@ -285,11 +285,8 @@ class CudaRuntime(RuntimeBase):
                 f"{self.checkpoint.fingerprint[:16]}-{where}")
 
     def _choose_plan(self) -> Plan:
-        """The first plan whose eager run passes the gate (fp32 needs none); forced past a failed gate, the
-        last plan tried (the most accurate), with the record the refusal names."""
-        tried = plans(self.precision)
-        if self.precision == "fp32":
-            return tried[0]
+        """The first plan whose eager run passes the gate (`first_passing_plan`), against the fp32 network on
+        the same device, built only when a record is measured (not found in the cache)."""
         reference: list[BucketRunner] = []
 
         def fp32() -> BucketRunner:
@@ -297,23 +294,16 @@ class CudaRuntime(RuntimeBase):
                 reference.append(self._runner(self._net(Plan()), graphs=False))
             return reference[0]
 
-        records = []
-        for plan in tried:
-            def now(plan: Plan = plan) -> dict[str, Any]:
+        def gate(plan: Plan) -> dict[str, Any]:
+            def now() -> dict[str, Any]:
                 return measure(self.checkpoint, fp32().forward, self._runner(self._net(plan), False).forward,
                                self.precision)
 
-            records.append({**cached_gate(self._key(plan), now), "plan": plan.describe()})
-            if records[-1]["passed"]:
-                self.gate = records[-1]
-                return plan
-        self.gate = records[-1]
-        if not self.force:
-            raise GateFailed(f"cuda {self.precision} failed its accuracy gate on {self.checkpoint.path} "
-                             f"({describe(records[-1])}, with {tried[-1].describe()}): its answers drift from fp32 "
-                             "beyond the precision standard. Use precision='fp32', or pass force=True to accept "
-                             "it", records[-1])
-        return tried[-1]
+            return {**cached_gate(self._key(plan), now), "plan": plan.describe()}
+
+        plan, self.gate = first_passing_plan("cuda", self.precision, self.checkpoint, plans(self.precision), gate,
+                                             self.force)
+        return plan
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         return self.runner.forward(batch)

@@ -44,7 +44,7 @@ from laya.encoder.runtimes.compiled import (
     load_program,
     target,
 )
-from laya.encoder.runtimes.rownet import PRECISIONS, Plan, RowNet
+from laya.encoder.runtimes.rownet import PRECISIONS, Plan, RowNet, first_passing_plan
 from laya.errors import RuntimeUnavailable
 from laya.native.cpu import cpu
 
@@ -173,24 +173,10 @@ class PackedRuntime(RuntimeBase):
         return {**record, "plan": plan.describe()}
 
     def _choose_plan(self) -> Plan:
-        """The first plan whose eager run passes the gate (fp32 needs none); forced past a failed gate, the
-        last plan tried (the most accurate), with the record the refusal names."""
-        tried = plans(self.precision)
-        if self.precision == "fp32":
-            return tried[0]
-        records = []
-        for plan in tried:
-            records.append(self._gate(plan, "eager", partial(self._eager_rows, plan)))
-            if records[-1]["passed"]:
-                self.gate = records[-1]
-                return plan
-        if not self.force:
-            raise GateFailed(f"packed {self.precision} failed its accuracy gate on {self.checkpoint.path} "
-                             f"({describe(records[-1])}, with {tried[-1].describe()}): its answers drift from fp32 "
-                             "beyond the precision standard. Use precision='fp32', or pass force=True to accept "
-                             "it", records[-1])
-        self.gate = records[-1]
-        return tried[-1]
+        """The first plan whose eager run passes the gate (`first_passing_plan`)."""
+        plan, self.gate = first_passing_plan("packed", self.precision, self.checkpoint, plans(self.precision),
+                                             lambda p: self._gate(p, "eager", partial(self._eager_rows, p)), self.force)
+        return plan
 
     def _compiled_row(self) -> Row:
         enc, max_len = self.checkpoint.encoder, self.checkpoint.config.max_len

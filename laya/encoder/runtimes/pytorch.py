@@ -18,6 +18,7 @@ from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.config import EncoderConfig
 from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
+from laya.encoder.runtimes.rownet import act_features
 from laya.errors import RuntimeUnavailable
 
 
@@ -151,16 +152,6 @@ class DecisionNet(nn.Module):
             logits[i, :k] = z
             act_inputs.append(torch.cat([h[i, 0].float(), act_features(z)]))
         return logits, torch.stack(act_inputs)
-
-
-def act_features(z: torch.Tensor) -> torch.Tensor:
-    """[top1, top1 - top2, normalised entropy, k / 255] of one row's untempered option distribution."""
-    k = z.numel()
-    p = torch.softmax(z, -1)
-    kk = torch.tensor(float(max(2, k)), device=z.device)
-    entropy = -(p * torch.log(p.clamp_min(1e-9))).sum() / torch.log(kk)
-    top = p.topk(2).values if k >= 2 else torch.cat([p, torch.zeros_like(p)])
-    return torch.stack([top[0], top[0] - top[1], entropy, kk / 255.0])
 
 
 class TorchRuntime(RuntimeBase):
