@@ -80,7 +80,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if is_gguf(args.model) and args.format == "upstream":
         raise UsageError("--format upstream is upstream laya's file for laya checkpoints; a GGUF is calibrated in "
                          "laya's own format")
-    model: Any = common.make_engine(args).model  # opened as every command opens a model (`open_engine`)
+    from laya.decide.engine import DecideEngine
+    from laya.encoder.engine import EncoderEngine
+
+    engine = common.make_engine(args)  # opened as every command opens a model (`open_engine`)
+    if not isinstance(engine, EncoderEngine | DecideEngine):
+        raise UsageError(f"{args.model}: not a model laya calibrates")
+    model: Any = engine.model
     if is_gguf(args.model):
         fingerprint, buckets = model.fingerprint, args.buckets == "on"
     else:
