@@ -114,7 +114,36 @@ def llamacpp_mainline(record: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-RENDER = {"vs_upstream": vs_upstream, "llamacpp_mainline": llamacpp_mainline}
+def student(record: dict[str, Any]) -> list[str]:
+    """A distilled student's speed beside its teacher's under auto, and how well it keeps the answers."""
+    names = list(record["runtimes"])
+    teacher = record["teacher"]
+    spec = teacher["spec"]
+    lines = ["### Smaller students against their 22-layer teacher (`laya distill --student-layers N`)", "",
+             f"`{record['command']}` ({record['date']}; torch {record['versions']['torch']}). Speed: the full "
+             "mmBERT-base shape and its students cut to fewer layers, every model under `auto`. Agreement: a "
+             f"{spec['num_layers']}-layer router of the mmBERT layout at width {spec['hidden_size']} trained from "
+             f"chance on the routing task (held-out accuracy {teacher['heldout_accuracy']:.1%} against labels "
+             "with 10% noise), each student distilled from it on states neither trained on.", "",
+             "| scenario | tokens | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|---:|" + "---:|" * len(names)]
+    for r in record["scenarios"]:
+        cells = [f"{_ms(r['medians_ms'][n])} ms" + ("" if n == "teacher" else
+                                                    f" (**x{r['speedup_over_teacher'][n]:.2f}**)") for n in names]
+        lines.append(f"| {r['scenario']} | {r['tokens']:,} | " + " | ".join(cells) + " |")
+    lines += ["", "| student | teacher's layers kept | top-1 agreement (held-out) | max / mean \\|dp\\| | ECE vs "
+              "teacher | act head AUROC at disagreement |", "|---|---|---:|---:|---:|---:|"]
+    for name, s in record["students"].items():
+        auroc = "-" if s["act_auroc"] is None else f"{s['act_auroc']:.3f}"
+        lines.append(f"| `{name}` | {s['kept_layers']} | {s['agreement']:.1%} of {s['heldout_answers']} | "
+                     f"{s['max_abs_dp']:.3f} / {s['mean_abs_dp']:.3f} | {s['ece_vs_teacher']:.3f} | {auroc} |")
+    lines.append("")
+    for n in names:
+        info = record["runtimes"][n]
+        lines.append(f"- `{n}`: {info['runtime']} {info['precision']}; {_gate(info.get('gate'))}")
+    return lines + [""]
+
+
+RENDER = {"vs_upstream": vs_upstream, "llamacpp_mainline": llamacpp_mainline, "student": student}
 
 
 def render(records: list[dict[str, Any]]) -> str:
