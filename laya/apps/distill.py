@@ -262,9 +262,12 @@ def compare(student: Any, records: Sequence[Record]) -> dict[str, Any]:
 
 
 def short_of(heldout: Mapping[str, Any], min_agreement: float | None) -> dict[str, float]:
-    """The questions whose held-out agreement with the teacher is below `min_agreement` (none when unset)."""
+    """The questions whose held-out agreement with the teacher is below `min_agreement` (none when unset;
+    with no held-out answer to measure, the bound is not reached)."""
     if min_agreement is None:
         return {}
+    if not heldout["answers"]:
+        return {"(no held-out states)": math.nan}
     return {qid: a for qid, a in heldout["agreement_by_question"].items() if not a >= min_agreement}
 
 
@@ -346,9 +349,8 @@ def distill(teacher: str | os.PathLike, student: str | os.PathLike, states_path:
         "training": {k: train_report[k] for k in ("split", "training", "heldout", "act_head") if k in train_report},
         "checkpoint": os.fspath(out),
     }
-    short = short_of(heldout, min_agreement) if held else {"(no held-out states)": math.nan}
-    report["short_of_min_agreement"] = short if min_agreement is not None else {}
-    if min_agreement is not None and short:
+    report["short_of_min_agreement"] = short = short_of(heldout, min_agreement)
+    if short:
         shutil.rmtree(candidate, ignore_errors=True)
         report["checkpoint"] = None
         _write_report(out, report)
