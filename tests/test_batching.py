@@ -98,17 +98,20 @@ def test_in_the_engine_process(settings, batches):
 def test_in_a_ray_replica(settings, batches, monkeypatch):
     """`laya serve --ray`: a replica built from the `ModelConfig` that `laya serve`'s settings make."""
     need("ray", "the [ray] extra is not installed")
-    from laya.server import ray_app
+    from laya.server import heap, ray_app
     from laya.server.serve import ModelSpec, ServeOptions
 
     monkeypatch.setattr(ray_app, "load_engine", lambda spec, options: ScriptedEngine(name="replica", delay=BUSY_S))
     options = ServeOptions(models=[ModelSpec.parse("replica=nowhere")], server=ServerConfig(**settings))
     (model,) = ray_app.from_options(options).models
-    replica = ray_app.ModelReplica.func_or_class(model)
+    replica = ray_app.ModelReplica.func_or_class(model)  # freezes the heap, as a replica's own process should
 
     async def submit(state, questions):
         outcome = await replica.answer(Request.of([state], questions), UNLIMITED)
         assert outcome[0] == "ok", outcome
         return outcome[1], Timing(**outcome[2])
 
-    assert asyncio.run(_queue_while_busy(submit)) == batches
+    try:
+        assert asyncio.run(_queue_while_busy(submit)) == batches
+    finally:
+        heap.thaw()  # this process is the test run's: later tests count on a heap no server holds
