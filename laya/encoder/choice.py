@@ -162,10 +162,13 @@ def _dist_version(names: tuple[str, ...]) -> str | None:
 
 def library_versions() -> dict[str, str | None]:
     """laya's version and those of the frameworks its runtimes run on (None: not installed). A stored
-    pick is only reused under the very same versions: a new torch or ONNX Runtime changes the speeds."""
+    pick is only reused under the very same versions: a new torch or ONNX Runtime changes the speeds,
+    and so does a new revision of the graphs laya exports (a dev install keeps its version number)."""
+    from laya.encoder.export.onnx import GRAPH_REVISION
     from laya.version import __version__
 
-    return {"laya": __version__, **{key: _dist_version(names) for key, names in VERSIONED.items()}}
+    return {"laya": f"{__version__}+onnx.r{GRAPH_REVISION}",
+            **{key: _dist_version(names) for key, names in VERSIONED.items()}}
 
 
 def store_pick(fingerprint: str, runtime: str, options: dict[str, Any], measured: dict[str, Any],

@@ -38,7 +38,7 @@ ANE_INPUTS = ["embeddings", "type_vector", "global_mask", "local_mask", "markers
 MAX_MARKERS = 255
 DEPLOYMENT = "iOS17"  # ML Program opset CoreML7 (macOS 14)
 # Bumped whenever the converted programs change, so cached bundles from an older exporter are not reused.
-PROGRAM_REVISION = 3
+PROGRAM_REVISION = 4
 
 
 LENGTHS = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)

@@ -29,11 +29,13 @@ NEG = -1e4  # additive mask: far below any score, and finite in fp16 even double
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Softmax attention over [B, L, D] projections with an additive [B, 1, L, L] bias."""
-    b, n, d = q.shape
-    q, k, v = (t.view(b, n, num_heads, d // num_heads).transpose(1, 2) for t in (q, k, v))
+    """Softmax attention of [B, M, D] queries over [B, L, D] keys and values with an additive
+    [B, 1, M, L] bias."""
+    b, m, d = q.shape
+    q = q.view(b, m, num_heads, d // num_heads).transpose(1, 2)
+    k, v = (t.view(b, t.shape[1], num_heads, d // num_heads).transpose(1, 2) for t in (k, v))
     out = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // num_heads) + bias, -1) @ v
-    return out.transpose(1, 2).reshape(b, n, d)
+    return out.transpose(1, 2).reshape(b, m, d)
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -136,10 +138,9 @@ class PortableNet(Network):
     """The one torch network (`laya.encoder.runtimes.rownet.Network`) configured for exporters: it
     takes token ids (the embedding gather in the graph), builds additive masks, runs attention, RoPE
     and GeGLU's GELU through `ops`, projects in fp32 with the bias fused (nn.Linear's arithmetic), runs
-    every head layer over the whole row with its norms pre-scaled for fp16, and gives the act features
-    no spare slot (callers give the marker axis at least 2). `load` builds it from a checkpoint."""
+    the head's norms pre-scaled for fp16, and gives the act features no spare slot (callers give the
+    marker axis at least 2). `load` builds it from a checkpoint."""
 
-    read_last = False
     spare_slot = False
     head_norm_scale = HEAD_NORM_SCALE
 
@@ -165,10 +166,11 @@ class PortableNet(Network):
         global_bias = keys.expand(b, 1, n, n)
         pos = torch.arange(n)
         far = (pos[:, None] - pos[None, :]).abs() > self.half_window
-        return {"global": global_bias, "local": global_bias + far.float()[None, None] * NEG, "head": global_bias}
+        return {"global": global_bias, "local": global_bias + far.float()[None, None] * NEG, "head": keys}
 
     def attend(self, q, k, v, mask, heads: int, dtype: torch.dtype) -> torch.Tensor:
-        return self.ops.attention(q, k, v, mask, heads)
+        # fused attention takes a bias with a row per query: the head's key mask is one row for all
+        return self.ops.attention(q, k, v, mask.expand(-1, -1, q.shape[1], -1), heads)
 
     def rope(self, x: torch.Tensor, is_global: bool) -> torch.Tensor:
         if self.ops.rotary is None:

@@ -11,9 +11,7 @@ left alone as the anchor every other runtime is held to. Every other torch netwo
   back and padded queries see every valid key, as in the reference. The matrix products run in the
   plan's precision (`Plan`): bf16 or fp16 on matrix units, fp32 for the exact path; the residual
   stream, every LayerNorm, RoPE, the scorer and the act head stay fp32, and the plan may keep the first
-  encoder layers wholly fp32 (rounding there is carried through all the later ones). The last head
-  layer is read only where it is used: its queries, attention output and feed-forward at the CLS
-  position and the option markers, its keys and values over the whole row.
+  encoder layers wholly fp32 (rounding there is carried through all the later ones).
 - `laya.encoder.export.torch_net.PortableNet` (the ONNX and Core ML exports) swaps in the exporters'
   operations: additive masks, attention, RoPE and GeGLU's GELU as replaceable (fusable) calls, fp32
   products with their bias fused as nn.Linear has it, and the head's norms pre-scaled for fp16.
@@ -208,12 +206,13 @@ class Network(nn.Module):
 
     The layers' arithmetic is written once, here; what its users do differently are the operations a
     subclass replaces: `masks` and `attend` (boolean masks and SDPA, or additive ones and a fusable
-    call), `rope`, `gelu` (GeGLU's), the projections (`project`), and three switches: `read_last` (run
-    the last head layer only at CLS and the markers), `spare_slot` (pad the option logits with one
-    empty slot before the act features, so a single option needs no branch on the shape) and
-    `head_norm_scale` (the head's LayerNorms divide their input first, for fp16 programs)."""
+    call), `rope`, `gelu` (GeGLU's), the projections (`project`), and two switches: `spare_slot` (pad
+    the option logits with one empty slot before the act features, so a single option needs no branch
+    on the shape) and `head_norm_scale` (the head's LayerNorms divide their input first, for fp16
+    programs). The last head layer is read only where it is used: its queries, attention output and
+    feed-forward at the CLS position and the option markers, its keys and values over the whole row
+    (with the full head's 2.8 encoder layers of products, that is a tenth of a 6-layer student's time)."""
 
-    read_last = True
     spare_slot = True
     head_norm_scale = 1.0
 
@@ -308,16 +307,15 @@ class Network(nn.Module):
         d = h.shape[-1]
         heads, dtype = max(1, d // 64), DTYPES[self.plan.attention]
         read = torch.cat([torch.zeros_like(marker_pos[:, :1]), marker_pos], 1)  # CLS, then the markers
-        narrowed = self.read_last and len(self.head) > 0
+        if not len(self.head):
+            return self.score(torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, d)), h[:, 0], marker_mask)
         for j, layer in enumerate(self.head):
             q, k, v = layer.qkv(self.head_norm(h, layer.n1w, layer.n1b)).chunk(3, -1)
-            if narrowed and j == len(self.head) - 1:  # only CLS and the markers are read after this layer
+            if j == len(self.head) - 1:  # only CLS and the markers are read after this layer
                 h, q = (torch.gather(t, 1, read[:, :, None].expand(-1, -1, d)) for t in (h, q))
             h = h + layer.out(self.attend(q, k, v, mask, heads, dtype))
             h = h + layer.down(F.relu(layer.up(self.head_norm(h, layer.n2w, layer.n2b))))
-        if narrowed:
-            return self.score(h[:, 1:], h[:, 0], marker_mask)
-        return self.score(torch.gather(h, 1, marker_pos[:, :, None].expand(-1, -1, d)), h[:, 0], marker_mask)
+        return self.score(h[:, 1:], h[:, 0], marker_mask)
 
     def score(self, m: torch.Tensor, cls: torch.Tensor, marker_mask: torch.Tensor | None
               ) -> tuple[torch.Tensor, torch.Tensor]:
