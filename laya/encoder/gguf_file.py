@@ -28,7 +28,7 @@ import numpy as np
 from laya.digests import sha256_of
 from laya.encoder.bundle import build_once
 from laya.encoder.cache import cache_root
-from laya.encoder.head_layout import NO_ACT_HEAD
+from laya.encoder.head_layout import ACT_FEATURES, ACT_HIDDEN, NO_ACT_HEAD
 from laya.encoder.llama_bundle import ACT_TENSORS, ARCH, encoder_tensors, head_tensors
 from laya.errors import CheckpointError
 
@@ -37,7 +37,6 @@ DECISION_TYPE = f"{ARCH}.decision.type"
 PUBLISHED_MAX_LEN = {192: 512, 256: 1024}
 DEFAULT_MAX_LEN = 512
 BUCKETS = {"2": "2", "3_5": "3-5", "6_10": "6-10", "11": "11+"}
-ACT_HIDDEN = 256
 UNPACK_REVISION = 2
 
 
@@ -226,7 +225,7 @@ def _weights(f: _File, layers: int, head_layers: int, notes: list[str]) -> dict[
     for name in ACT_TENSORS:
         value = f.array(f"laya.{name}")
         if value is None:  # shaped as the checkpoint format requires; the answers say it is absent
-            shape = {"act_head.0.weight": (ACT_HIDDEN, d + 4), "act_head.0.bias": (ACT_HIDDEN,),
+            shape = {"act_head.0.weight": (ACT_HIDDEN, d + ACT_FEATURES), "act_head.0.bias": (ACT_HIDDEN,),
                      "act_head.2.weight": (n_act, ACT_HIDDEN), "act_head.2.bias": (n_act,)}[name]
             value = np.zeros(shape, dtype=np.float32)
         out[name] = value

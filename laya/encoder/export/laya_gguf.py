@@ -66,7 +66,7 @@ def vocabulary(checkpoint: Checkpoint) -> dict[str, Any]:
     model = data.get("model") or {}
     if model.get("type") != "BPE":
         raise CheckpointError(f"{checkpoint.path}: a {model.get('type')} tokenizer; llama.cpp's laya format holds BPE")
-    kinds = _pre_kinds(data.get("pre_tokenizer"))
+    kinds = {str(p.get("type")) for p in _pre_tokenizers(data.get("pre_tokenizer"))}
     if "ByteLevel" in kinds:
         pre = "modern-bert"
     elif "Metaspace" in kinds:
@@ -100,7 +100,8 @@ def _tokenizer_notes(data: dict[str, Any], pre: str) -> list[str]:
     if pre != "mmbert":
         return []
     notes = []
-    schemes = _metaspace_schemes(data.get("pre_tokenizer"))
+    schemes = {str(p.get("prepend_scheme", "always")) for p in _pre_tokenizers(data.get("pre_tokenizer"))
+               if p.get("type") == "Metaspace"}
     if schemes - {"first", "always"}:
         notes.append(f"the tokenizer's Metaspace prepend_scheme is {sorted(schemes)}; llama.cpp's mmbert "
                      "pre-tokenizer starts every text with an escaped space, so its rows will differ from laya's")
@@ -110,20 +111,13 @@ def _tokenizer_notes(data: dict[str, Any], pre: str) -> list[str]:
     return notes
 
 
-def _metaspace_schemes(pre: Any) -> set[str]:
+def _pre_tokenizers(pre: Any) -> list[dict[str, Any]]:
+    """The pre-tokenizers a tokenizer.json's `pre_tokenizer` applies, a `Sequence`'s flattened."""
     if not isinstance(pre, dict):
-        return set()
+        return []
     if pre.get("type") == "Sequence":
-        return set().union(*(_metaspace_schemes(p) for p in pre.get("pretokenizers") or []))
-    return {str(pre.get("prepend_scheme", "always"))} if pre.get("type") == "Metaspace" else set()
-
-
-def _pre_kinds(pre: Any) -> set[str]:
-    if not isinstance(pre, dict):
-        return set()
-    if pre.get("type") == "Sequence":
-        return set().union(*(_pre_kinds(p) for p in pre.get("pretokenizers") or []))
-    return {str(pre.get("type"))}
+        return [p for part in pre.get("pretokenizers") or [] for p in _pre_tokenizers(part)]
+    return [pre]
 
 
 def write_laya_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str, gate: dict[str, Any] | None = None,
