@@ -118,27 +118,33 @@ def cache_folder(kind: str, key: str, cache_dir: Path | None = None) -> Path:
 
 
 def cached_export(kind: str, key: str, build: Callable[[Path], Any], cache_dir: Path | None = None) -> Path:
-    """A bundle exported on first use into `$LAYA_CACHE/<kind>/<key>` (default ~/.cache/laya).
-
-    Each process builds in a temporary folder of its own and renames it into place when complete, so
-    an interrupted export is never taken for a bundle and concurrent processes (server workers) never
-    write into each other's files: the first rename wins and the others discard their copy."""
+    """A bundle exported on first use into `$LAYA_CACHE/<kind>/<key>` (default ~/.cache/laya), built once
+    (`build_once`)."""
     folder = cache_folder(kind, key, cache_dir)
-    root = folder.parent
     if (folder / MANIFEST).is_file():
         return folder
-    root.mkdir(parents=True, exist_ok=True)
     logging.getLogger("laya").info("exporting a %s bundle on first use into %s (once: later loads reuse it)",
                                    kind, folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.partial-", dir=root))
+    build_once(folder, MANIFEST, build)
+    return folder
+
+
+def build_once(folder: Path, done: str, build: Callable[[Path], Any]) -> None:
+    """`build` `folder`, complete when it holds the file `done`.
+
+    Each process builds in a temporary folder of its own and renames it into place when complete, so
+    an interrupted build is never taken for a finished one and concurrent processes (server workers)
+    never write into each other's files: the first rename wins and the others discard their copy."""
+    root = folder.parent
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=root))
     try:
         build(tmp)
         try:
             tmp.rename(folder)
         except OSError:
-            if not (folder / MANIFEST).is_file():  # not another process's finished bundle: a real failure
+            if not (folder / done).is_file():  # not another process's finished build: a real failure
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return folder

@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from laya.encoder.model import Model
     from laya.encoder.runtimes.base import Runtime
 
+    Build = Callable[[str, Checkpoint, dict[str, Any]], Runtime]  # how a runtime is built (laya.encoder.loading's)
+
 log = logging.getLogger("laya")
 ROUTED = "coreml+mlx"
 ROUTED_WHY = "Apple silicon: the Neural Engine programs for rows that fit them, MLX fp16 for the rest"
@@ -385,20 +387,24 @@ def _one_timing_at_a_time() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build(candidate: Candidate, checkpoint: Checkpoint, options: dict[str, Any],
-           build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> Runtime:
+def _build(candidate: Candidate, checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> Runtime:
     if candidate.runtime == ROUTED:
         return build_routed(checkpoint, options, build)
     return build(candidate.runtime, checkpoint, {**_accepted(candidate.runtime, options), **candidate.options})
 
 
-def _chosen(checkpoint: Checkpoint, runtime: Runtime, choice: Choice) -> tuple[Runtime, Choice]:
+def _chosen(checkpoint: Checkpoint, runtime: Runtime, candidate: Candidate, passed_over: list[str],
+            reason: str | None = None, measured: dict[str, Any] | None = None, deferred: bool = False
+            ) -> tuple[Runtime, Choice]:
+    """`runtime`, built from `candidate`, as auto's choice (for `reason`, else the candidate's own), logged."""
+    choice = Choice(candidate.runtime, candidate.options, candidate.why if reason is None else reason, passed_over,
+                    measured=measured, deferred=deferred)
     log.info("%s: %s", checkpoint.path.name, choice.describe())
     return runtime, choice
 
 
-def _reuse_stored(checkpoint: Checkpoint, options: dict[str, Any], build: Callable[[str, Checkpoint, dict[str, Any]],
-                  Runtime], machine: Cpu, exact: bool, passed_over: list[str]) -> tuple[Runtime, Choice] | None:
+def _reuse_stored(checkpoint: Checkpoint, options: dict[str, Any], build: Build, machine: Cpu, exact: bool,
+                  passed_over: list[str]) -> tuple[Runtime, Choice] | None:
     """The pick stored for this checkpoint, loaded, or None (none stored, or it no longer loads)."""
     pick = stored_pick(checkpoint.fingerprint, machine, exact)
     if pick is None:
@@ -409,12 +415,10 @@ def _reuse_stored(checkpoint: Checkpoint, options: dict[str, Any], build: Callab
     except LayaError as exc:
         passed_over.append(f"{stored.label}, the stored pick ({_first_line(exc)})")
         return None
-    return _chosen(checkpoint, runtime, Choice(stored.runtime, stored.options, stored.why, passed_over,
-                                               measured=pick.get("measured")))
+    return _chosen(checkpoint, runtime, stored, passed_over, measured=pick.get("measured"))
 
 
-def _faithful_candidates(checkpoint: Checkpoint, options: dict[str, Any],
-                         build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], machine: Cpu, exact: bool
+def _faithful_candidates(checkpoint: Checkpoint, options: dict[str, Any], build: Build, machine: Cpu, exact: bool
                          ) -> tuple[dict[str, tuple[Candidate, Any]], dict[str, str]]:
     """Every candidate auto times that loads and passes its gate (label -> candidate and model), and why
     each other one is not timed."""
@@ -495,8 +499,7 @@ def _timing(checkpoint: Checkpoint, models: dict[str, Any], not_timed: dict[str,
     return winner, measured
 
 
-def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
-                     build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], machine: Cpu,
+def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any], build: Build, machine: Cpu,
                      passed_over: list[str], exact: bool = False) -> tuple[Runtime, Choice] | None:
     """The fastest faithful candidate timed now (and stored); None leaves the choice to the fixed rule (no
     torch to measure against), with the reason in `passed_over`."""
@@ -513,9 +516,8 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
         pick = stored_pick(checkpoint.fingerprint, machine, exact)  # another process may have timed it meanwhile
         if pick is not None and _stored_candidate(pick).label in built:
             stored = _stored_candidate(pick)
-            return _chosen(checkpoint, built[stored.label][1].runtime,
-                           Choice(stored.runtime, stored.options, stored.why, passed_over,
-                                  measured=pick.get("measured")))
+            return _chosen(checkpoint, built[stored.label][1].runtime, stored, passed_over,
+                           measured=pick.get("measured"))
         winner, measured = _timing(checkpoint, {label: model for label, (_, model) in built.items()}, not_timed)
         candidate, model = built[winner]
         try:
@@ -524,12 +526,10 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any],
         except OSError as exc:  # a read-only cache costs the timing again at the next load
             log.warning("auto: could not store the pick: %s", exc)
     reason = f"picked at this first load on this machine: {measured['summary']}"
-    return _chosen(checkpoint, model.runtime, Choice(candidate.runtime, candidate.options, reason, passed_over,
-                                                     measured=measured))
+    return _chosen(checkpoint, model.runtime, candidate, passed_over, reason, measured=measured)
 
 
-def choose(checkpoint: Checkpoint, options: dict[str, Any],
-           build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> tuple[Runtime, Choice]:
+def choose(checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> tuple[Runtime, Choice]:
     """The stored or measured pick (see the module's docstring), else the first candidate of the fixed
     rule that loads (gates included), and the choice with its reason."""
     options = dict(options)
@@ -580,8 +580,7 @@ def choose(checkpoint: Checkpoint, options: dict[str, Any],
                              + ("; ".join(passed_over) or "none is installed (pip install 'laya-runtime[torch]')"))
 
 
-def _exact_for_now(checkpoint: Checkpoint, options: dict[str, Any],
-                   build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], passed_over: list[str]
+def _exact_for_now(checkpoint: Checkpoint, options: dict[str, Any], build: Build, passed_over: list[str]
                    ) -> tuple[Runtime, Choice] | None:
     """An exact runtime that loads in seconds, to answer while the pick is prepared in the background
     (`laya.encoder.upgrade`): the packed network in fp32, eager (no compiling; the parity suite holds it
@@ -599,12 +598,11 @@ def _exact_for_now(checkpoint: Checkpoint, options: dict[str, Any],
         reason = (f"the first load of this checkpoint on this machine: {now.label} (exact, "
                   f"{'eager' if now.runtime == 'packed' else 'the reference'}) answers at once while the fastest "
                   "faithful runtime is compiled, gated and timed in the background and swapped in when ready")
-        return _chosen(checkpoint, runtime, Choice(now.runtime, now.options, reason, passed_over, deferred=True))
+        return _chosen(checkpoint, runtime, now, passed_over, reason, deferred=True)
     return None
 
 
-def load_stored_pick(checkpoint: Checkpoint, options: dict[str, Any],
-                     build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> tuple[Runtime, Choice] | None:
+def load_stored_pick(checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> tuple[Runtime, Choice] | None:
     """The pick stored for this checkpoint (by `laya prepare`, the background upgrade or `laya bench
     --pick`), loaded with the load's own options, or None."""
     options = dict(options)
@@ -634,9 +632,8 @@ def cuda_candidates(exact: bool = False) -> list[Candidate]:
     return out
 
 
-def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: dict[str, Any],
-                      build: Callable[[str, Checkpoint, dict[str, Any]], Runtime], passed_over: list[str]
-                      ) -> tuple[Runtime, Choice] | None:
+def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: dict[str, Any], build: Build,
+                      passed_over: list[str]) -> tuple[Runtime, Choice] | None:
     """The first of `found` that loads (its gate included), or None with each refusal in `passed_over`."""
     for candidate in found:
         try:
@@ -644,12 +641,11 @@ def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: d
         except LayaError as exc:
             passed_over.append(f"{candidate.label} ({_first_line(exc)})")
             continue
-        return _chosen(checkpoint, runtime, Choice(candidate.runtime, candidate.options, candidate.why, passed_over))
+        return _chosen(checkpoint, runtime, candidate, passed_over)
     return None
 
 
-def build_routed(checkpoint: Checkpoint, options: dict[str, Any],
-                 build: Callable[[str, Checkpoint, dict[str, Any]], Runtime]) -> Runtime:
+def build_routed(checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> Runtime:
     from laya.encoder.runtimes.coreml import CoremlRuntime
     from laya.encoder.runtimes.routed import RoutedRuntime
 

@@ -46,7 +46,6 @@ class AgentConfig:
     head_max_len: int = 192
     temperature: tuple[Any, Any, Any] = (1.0, 1.0, 1.0)
     temperature_by_options: dict[str, Any] = field(default_factory=dict)
-    option_layout: str = "sequential"
     # False for a model read from a GGUF without an act head (llama.cpp's laya format has none): its
     # answers carry x_act_probability null with the reason, not a figure from zeros
     act_head: bool = True
@@ -91,7 +90,6 @@ class AgentConfig:
             head_max_len=head_max_len,
             temperature=tuple(temperature),
             temperature_by_options=dict(by_options),
-            option_layout=layout,
             act_head=data.get("x_act_head", True) is not False,
         )
 
@@ -111,7 +109,6 @@ class EncoderConfig:
     local_attention: int = 128
     global_attn_every_n_layers: int = 3
     layer_types: tuple[str, ...] = ()
-    pad_token_id: int | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -167,7 +164,6 @@ class EncoderConfig:
             local_attention=_int(data, "local_attention", 128, path, minimum=2),
             global_attn_every_n_layers=_int(data, "global_attn_every_n_layers", 3, path, minimum=1),
             layer_types=tuple(layer_types),
-            pad_token_id=data.get("pad_token_id"),
             raw=data,
         )
 

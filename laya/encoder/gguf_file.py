@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,18 +26,17 @@ from typing import Any
 import numpy as np
 
 from laya.digests import sha256_of
+from laya.encoder.bundle import build_once
 from laya.encoder.cache import cache_root
-from laya.encoder.head_layout import NO_ACT_HEAD
+from laya.encoder.head_layout import ACT_FEATURES, ACT_HIDDEN, NO_ACT_HEAD
+from laya.encoder.llama_bundle import ACT_TENSORS, ARCH, encoder_tensors, head_tensors
 from laya.errors import CheckpointError
 
-ARCH = "modern-bert"
 DECISION_TYPE = f"{ARCH}.decision.type"
 # upstream's published budgets: (head_max_len -> max_len); anything else takes upstream's default
 PUBLISHED_MAX_LEN = {192: 512, 256: 1024}
 DEFAULT_MAX_LEN = 512
 BUCKETS = {"2": "2", "3_5": "3-5", "6_10": "6-10", "11": "11+"}
-ACT_TENSORS = ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight", "act_head.2.bias")
-ACT_HIDDEN = 256
 UNPACK_REVISION = 2
 
 
@@ -81,17 +78,7 @@ def unpack(path: str | os.PathLike, cache: Path | None = None) -> Unpacked:
     folder = root / f"{sha256_of(path)[:24]}-u{UNPACK_REVISION}"
     done = folder / "unpacked.json"
     if not done.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=root))
-        try:
-            _unpack(path, tmp)
-            try:
-                tmp.rename(folder)
-            except OSError:
-                if not done.is_file():  # not another process's finished unpack: a real failure
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        build_once(folder, done.name, lambda tmp: _unpack(path, tmp))
     record = json.loads(done.read_text(encoding="utf-8"))
     manifest = json.loads((folder / "llama" / "manifest.json").read_text(encoding="utf-8"))
     return Unpacked(folder / "checkpoint", folder / "llama", manifest, record["notes"])
@@ -231,32 +218,14 @@ def _tokenizer(f: _File, notes: list[str]) -> tuple[str, dict[str, Any]]:
 
 def _weights(f: _File, layers: int, head_layers: int, notes: list[str]) -> dict[str, np.ndarray]:
     """Every checkpoint tensor, fp32, under the checkpoint's names."""
-    out: dict[str, np.ndarray] = {
-        "encoder.embeddings.tok_embeddings.weight": f.weight("token_embd.weight"),
-        "encoder.embeddings.norm.weight": f.weight("token_embd_norm.weight"),
-        "encoder.final_norm.weight": f.weight("output_norm.weight")}
-    for i in range(layers):
-        b, p = f"blk.{i}.", f"encoder.layers.{i}."
-        pairs = {"attn_qkv": "attn.Wqkv", "attn_output": "attn.Wo", "ffn_norm": "mlp_norm", "ffn_up": "mlp.Wi",
-                 "ffn_down": "mlp.Wo"} | ({"attn_norm": "attn_norm"} if i else {})
-        out |= {f"{p}{theirs}.weight": f.weight(f"{b}{ours}.weight") for ours, theirs in pairs.items()}
-    for j in range(head_layers):
-        b, p = f"blk.{layers + j}.", f"head.layers.{j}."
-        for ours, theirs in (("attn_norm", "norm1"), ("attn_qkv", "self_attn.in_proj"),
-                             ("attn_output", "self_attn.out_proj"), ("ffn_norm", "norm2"), ("ffn_up", "linear1"),
-                             ("ffn_down", "linear2")):
-            joint = "_" if theirs.endswith("in_proj") else "."
-            for part in ("weight", "bias"):
-                out[f"{p}{theirs}{joint}{part}"] = f.weight(f"{b}{ours}.{part}")
-    out["type_emb.weight"] = f.weight("token_types.weight")
-    for ours, theirs in (("cls.norm", "scorer.0"), ("cls", "scorer.1"), ("cls.output", "scorer.3")):
-        out[f"{theirs}.weight"], out[f"{theirs}.bias"] = f.weight(f"{ours}.weight"), f.weight(f"{ours}.bias")
+    out = {source: f.weight(name) for name, source, _ in encoder_tensors(layers)}
+    out |= {source: f.weight(name) for name, source in head_tensors(layers, head_layers)}
     d = out["type_emb.weight"].shape[1]
     n_act = int(f.get("laya.n_act", 2))
     for name in ACT_TENSORS:
         value = f.array(f"laya.{name}")
         if value is None:  # shaped as the checkpoint format requires; the answers say it is absent
-            shape = {"act_head.0.weight": (ACT_HIDDEN, d + 4), "act_head.0.bias": (ACT_HIDDEN,),
+            shape = {"act_head.0.weight": (ACT_HIDDEN, d + ACT_FEATURES), "act_head.0.bias": (ACT_HIDDEN,),
                      "act_head.2.weight": (n_act, ACT_HIDDEN), "act_head.2.bias": (n_act,)}[name]
             value = np.zeros(shape, dtype=np.float32)
         out[name] = value
@@ -294,7 +263,7 @@ def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> 
 
     from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
     from laya.encoder.checkpoint import load_checkpoint
-    from laya.encoder.llama_bundle import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
+    from laya.encoder.llama_bundle import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, finish, write_head
 
     checkpoint = load_checkpoint(checkpoint_folder)
     out.mkdir(parents=True)
@@ -307,10 +276,7 @@ def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> 
             continue
         writer.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)  # a quantized one: its bytes
         kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     write_head(checkpoint, out / HEAD_FILE)
     precision = "q8_0" if "Q8_0" in kinds else "f16" if "F16" in kinds else "f32"
     if set(kinds) - {"F32", "F16", "Q8_0"}:

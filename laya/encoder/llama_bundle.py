@@ -1,10 +1,11 @@
 """The llama runtime's bundle as it is written: its file names, its revision, the encoder GGUF's header
-and the fp32 head beside it.
+and the fp32 head beside it; and the GGUF tensor names of a checkpoint's weights.
 
 Two writers make this bundle: the exporter (`laya.encoder.export.gguf`, from a checkpoint) and the
 unpacking of a laya GGUF (`laya.encoder.gguf_file`, from the file's own tensors). They share these
 pieces from here, below both, so the reader of a GGUF does not import the exporters, which import it
-to measure a file read back (`laya.encoder.export.laya_gguf`).
+to measure a file read back (`laya.encoder.export.laya_gguf`). The tensor names are shared the same way
+by the writers of a laya GGUF (`laya.encoder.export.laya_gguf`) and its reader.
 """
 
 from __future__ import annotations
@@ -21,6 +22,52 @@ GGUF_REVISION = 2
 ENCODER_FILE = "encoder.gguf"
 HEAD_FILE = "head.safetensors"
 ARCH = "modern-bert"
+ACT_TENSORS = ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight", "act_head.2.bias")
+
+
+def encoder_tensors(layers: int) -> list[tuple[str, str, bool]]:
+    """(GGUF name, checkpoint name, whether Q8_0 holds it in a q8_0 file) of an encoder of `layers` layers,
+    in the file's order: the feed-forward matrices of the later half of the layers (rounding early is
+    carried through more layers)."""
+    quantised_from = max(1, layers // 2)
+    out = [("token_embd.weight", "encoder.embeddings.tok_embeddings.weight", False),
+           ("token_embd_norm.weight", "encoder.embeddings.norm.weight", False)]
+    for i in range(layers):
+        p, b = f"encoder.layers.{i}.", f"blk.{i}."
+        if i > 0:  # layer 0's attention norm is the identity: llama.cpp applies it only when present
+            out.append((b + "attn_norm.weight", p + "attn_norm.weight", False))
+        out += [(b + "attn_qkv.weight", p + "attn.Wqkv.weight", False),
+                (b + "attn_output.weight", p + "attn.Wo.weight", False),
+                (b + "ffn_norm.weight", p + "mlp_norm.weight", False),
+                (b + "ffn_up.weight", p + "mlp.Wi.weight", i >= quantised_from),
+                (b + "ffn_down.weight", p + "mlp.Wo.weight", i >= quantised_from)]
+    out.append(("output_norm.weight", "encoder.final_norm.weight", False))
+    return out
+
+
+def head_tensors(layers: int, head_layers: int) -> list[tuple[str, str]]:
+    """(GGUF name, checkpoint name) of the decision head (blocks after the encoder's `layers`), type
+    embedding and scorer, llama.cpp's names."""
+    out = []
+    for j in range(head_layers):
+        b, p = f"blk.{layers + j}.", f"head.layers.{j}."
+        for ours, theirs in (("attn_norm", "norm1"), ("attn_qkv", "self_attn.in_proj"),
+                             ("attn_output", "self_attn.out_proj"), ("ffn_norm", "norm2"), ("ffn_up", "linear1"),
+                             ("ffn_down", "linear2")):
+            joint = "_" if theirs.endswith("in_proj") else "."
+            out += [(f"{b}{ours}.weight", f"{p}{theirs}{joint}weight"), (f"{b}{ours}.bias", f"{p}{theirs}{joint}bias")]
+    out += [("token_types.weight", "type_emb.weight"), ("cls.norm.weight", "scorer.0.weight"),
+            ("cls.norm.bias", "scorer.0.bias"), ("cls.weight", "scorer.1.weight"), ("cls.bias", "scorer.1.bias"),
+            ("cls.output.weight", "scorer.3.weight"), ("cls.output.bias", "scorer.3.bias")]
+    return out
+
+
+def finish(writer: Any) -> None:
+    """Write a `gguf.GGUFWriter`'s header, keys and tensors to its file, and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def encoder_header(writer: Any, checkpoint: Checkpoint) -> None:

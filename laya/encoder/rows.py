@@ -28,7 +28,6 @@ class QuestionTokens:
 
     ids: tuple[int, ...]
     markers: tuple[int, ...]
-    options_distinct: int
     tokens_per_option: int | None
 
 
@@ -78,7 +77,6 @@ def build_head(tok: Tokenizer, question: Question, head_max_len: int) -> Questio
     return QuestionTokens(
         ids=tuple(ids),
         markers=tuple(markers),
-        options_distinct=len({tuple(o) for o in opts}),
         tokens_per_option=per_option,
     )
 

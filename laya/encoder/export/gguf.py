@@ -32,30 +32,21 @@ import numpy as np
 
 from laya.digests import sha256_of
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.llama_bundle import ARCH, ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, write_head
+from laya.encoder.llama_bundle import (
+    ARCH,
+    ENCODER_FILE,
+    GGUF_REVISION,
+    HEAD_FILE,
+    encoder_header,
+    encoder_tensors,
+    finish,
+    head_tensors,
+    write_head,
+)
 from laya.errors import CheckpointError
 
 TYPES = ("f32", "f16", "q8_0")
 Q8_0_BLOCK = 32
-
-
-def gguf_tensors(checkpoint: Checkpoint) -> list[tuple[str, str, bool]]:
-    """(GGUF name, checkpoint name, whether Q8_0 holds it in a q8_0 file), in the file's order: the
-    feed-forward matrices of the later half of the layers (rounding early is carried through more layers)."""
-    quantised_from = max(1, checkpoint.encoder.num_hidden_layers // 2)
-    out = [("token_embd.weight", "encoder.embeddings.tok_embeddings.weight", False),
-           ("token_embd_norm.weight", "encoder.embeddings.norm.weight", False)]
-    for i in range(checkpoint.encoder.num_hidden_layers):
-        p, b = f"encoder.layers.{i}.", f"blk.{i}."
-        if i > 0:  # layer 0's attention norm is the identity: llama.cpp applies it only when present
-            out.append((b + "attn_norm.weight", p + "attn_norm.weight", False))
-        out += [(b + "attn_qkv.weight", p + "attn.Wqkv.weight", False),
-                (b + "attn_output.weight", p + "attn.Wo.weight", False),
-                (b + "ffn_norm.weight", p + "mlp_norm.weight", False),
-                (b + "ffn_up.weight", p + "mlp.Wi.weight", i >= quantised_from),
-                (b + "ffn_down.weight", p + "mlp.Wo.weight", i >= quantised_from)]
-    out.append(("output_norm.weight", "encoder.final_norm.weight", False))
-    return out
 
 
 def check_expressible(checkpoint: Checkpoint, gguf_type: str) -> None:
@@ -101,21 +92,31 @@ def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, 
     check_expressible(checkpoint, gguf_type)
     writer = gguf.GGUFWriter(str(path), ARCH)
     encoder_header(writer, checkpoint)
+    counts = write_tensors(writer, checkpoint, gguf_type)
+    finish(writer)
+    return counts
+
+
+def write_tensors(writer: Any, checkpoint: Checkpoint, gguf_type: str, head: bool = False) -> dict[str, int]:
+    """The encoder's tensors in `gguf_type` (norms f32 in every type, as llama.cpp's converter keeps them;
+    q8_0: the later half's feed-forward matrices in Q8_0, the rest f16), then with `head` the decision
+    head, type embedding and scorer in f32; returns how many tensors each GGML type holds."""
+    import gguf
+
+    q8, f16, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
+    layers = checkpoint.encoder.num_hidden_layers
+    named = [(name, source, f32 if gguf_type == "f32" else q8 if gguf_type == "q8_0" and quantised else f16)
+             for name, source, quantised in encoder_tensors(layers)]
+    if head:
+        named += [(name, source, f32) for name, source in head_tensors(layers, checkpoint.config.head_layers)]
     counts: dict[str, int] = {}
-    for name, source, quantisable in gguf_tensors(checkpoint):
+    for name, source, kind in named:
         weight = np.ascontiguousarray(checkpoint.weights[source], dtype=np.float32)
-        if weight.ndim == 1 or gguf_type == "f32":  # norms stay f32 in every type, as llama.cpp's converter keeps them
-            data, kind = weight, gguf.GGMLQuantizationType.F32
-        elif gguf_type == "q8_0" and quantisable:
-            data, kind = gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
-        else:
-            data, kind = weight.astype(np.float16), gguf.GGMLQuantizationType.F16
-        writer.add_tensor(name, data, raw_dtype=kind if kind == gguf.GGMLQuantizationType.Q8_0 else None)
+        if weight.ndim == 1:
+            kind = f32
+        data = gguf.quants.quantize(weight, q8) if kind == q8 else weight.astype(np.float16) if kind == f16 else weight
+        writer.add_tensor(name, data, raw_dtype=q8 if kind == q8 else None)
         counts[kind.name] = counts.get(kind.name, 0) + 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
     return counts
 
 

@@ -32,31 +32,14 @@ from typing import Any
 import numpy as np
 
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.export.gguf import ARCH, check_expressible, gguf_tensors
+from laya.encoder.export.gguf import check_expressible, write_tensors
+from laya.encoder.llama_bundle import ACT_TENSORS, ARCH, finish
 from laya.errors import CheckpointError
 
 FORMAT_REVISION = 1  # `laya.format_revision`: bumped whenever what laya writes under its own keys changes
 TYPE_NAMES = ("choice", "score", "noul")
 # upstream's temperature buckets -> llama.cpp's key suffixes (`choice:3-5` -> `choice.3_5`)
 BUCKET_SUFFIX = {"2": "2", "3-5": "3_5", "6-10": "6_10", "11+": "11"}
-ACT_TENSORS = ("act_head.0.weight", "act_head.0.bias", "act_head.2.weight", "act_head.2.bias")
-
-
-def head_tensors(checkpoint: Checkpoint) -> list[tuple[str, str]]:
-    """(GGUF name, checkpoint name) of the decision head, type embedding and scorer, llama.cpp's names."""
-    blocks = checkpoint.encoder.num_hidden_layers
-    out = []
-    for j in range(checkpoint.config.head_layers):
-        b, p = f"blk.{blocks + j}.", f"head.layers.{j}."
-        for ours, theirs in (("attn_norm", "norm1"), ("attn_qkv", "self_attn.in_proj"),
-                             ("attn_output", "self_attn.out_proj"), ("ffn_norm", "norm2"), ("ffn_up", "linear1"),
-                             ("ffn_down", "linear2")):
-            joint = "_" if theirs.endswith("in_proj") else "."
-            out += [(f"{b}{ours}.weight", f"{p}{theirs}{joint}weight"), (f"{b}{ours}.bias", f"{p}{theirs}{joint}bias")]
-    out += [("token_types.weight", "type_emb.weight"), ("cls.norm.weight", "scorer.0.weight"),
-            ("cls.norm.bias", "scorer.0.bias"), ("cls.weight", "scorer.1.weight"), ("cls.bias", "scorer.1.bias"),
-            ("cls.output.weight", "scorer.3.weight"), ("cls.output.bias", "scorer.3.bias")]
-    return out
 
 
 def _template(cls: str, sep: str, mask: str) -> str:
@@ -83,7 +66,7 @@ def vocabulary(checkpoint: Checkpoint) -> dict[str, Any]:
     model = data.get("model") or {}
     if model.get("type") != "BPE":
         raise CheckpointError(f"{checkpoint.path}: a {model.get('type')} tokenizer; llama.cpp's laya format holds BPE")
-    kinds = _pre_kinds(data.get("pre_tokenizer"))
+    kinds = {str(p.get("type")) for p in _pre_tokenizers(data.get("pre_tokenizer"))}
     if "ByteLevel" in kinds:
         pre = "modern-bert"
     elif "Metaspace" in kinds:
@@ -117,7 +100,8 @@ def _tokenizer_notes(data: dict[str, Any], pre: str) -> list[str]:
     if pre != "mmbert":
         return []
     notes = []
-    schemes = _metaspace_schemes(data.get("pre_tokenizer"))
+    schemes = {str(p.get("prepend_scheme", "always")) for p in _pre_tokenizers(data.get("pre_tokenizer"))
+               if p.get("type") == "Metaspace"}
     if schemes - {"first", "always"}:
         notes.append(f"the tokenizer's Metaspace prepend_scheme is {sorted(schemes)}; llama.cpp's mmbert "
                      "pre-tokenizer starts every text with an escaped space, so its rows will differ from laya's")
@@ -127,20 +111,13 @@ def _tokenizer_notes(data: dict[str, Any], pre: str) -> list[str]:
     return notes
 
 
-def _metaspace_schemes(pre: Any) -> set[str]:
+def _pre_tokenizers(pre: Any) -> list[dict[str, Any]]:
+    """The pre-tokenizers a tokenizer.json's `pre_tokenizer` applies, a `Sequence`'s flattened."""
     if not isinstance(pre, dict):
-        return set()
+        return []
     if pre.get("type") == "Sequence":
-        return set().union(*(_metaspace_schemes(p) for p in pre.get("pretokenizers") or []))
-    return {str(pre.get("prepend_scheme", "always"))} if pre.get("type") == "Metaspace" else set()
-
-
-def _pre_kinds(pre: Any) -> set[str]:
-    if not isinstance(pre, dict):
-        return set()
-    if pre.get("type") == "Sequence":
-        return set().union(*(_pre_kinds(p) for p in pre.get("pretokenizers") or []))
-    return {str(pre.get("type"))}
+        return [p for part in pre.get("pretokenizers") or [] for p in _pre_tokenizers(part)]
+    return [pre]
 
 
 def write_laya_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str, gate: dict[str, Any] | None = None,
@@ -195,11 +172,8 @@ def write_laya_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str, gate: di
                                                                           tok.mask_token)}])
     if extras:
         _write_extras(writer, checkpoint, vocab, gate)
-    counts = _write_tensors(writer, checkpoint, gguf_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    counts = write_tensors(writer, checkpoint, gguf_type, head=True)
+    finish(writer)
     return counts
 
 
@@ -236,29 +210,6 @@ def _write_extras(writer: Any, checkpoint: Checkpoint, vocab: dict[str, Any], ga
         value = np.ascontiguousarray(checkpoint.weights[name], dtype=np.float32)
         writer.add_array(f"laya.{name}.shape", list(value.shape))
         writer.add_array(f"laya.{name}", value.ravel().tolist())
-
-
-def _write_tensors(writer: Any, checkpoint: Checkpoint, gguf_type: str) -> dict[str, int]:
-    """The encoder's tensors in `gguf_type` (norms f32; q8_0: the later half's feed-forward matrices in
-    Q8_0, the rest f16), then the head, type embedding and scorer in f32."""
-    import gguf
-
-    counts: dict[str, int] = {}
-    q8, f16, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
-
-    def add(name: str, source: str, kind: Any) -> None:
-        weight = np.ascontiguousarray(checkpoint.weights[source], dtype=np.float32)
-        if weight.ndim == 1:
-            kind = f32  # as llama.cpp's converter keeps them
-        data = gguf.quants.quantize(weight, q8) if kind == q8 else weight.astype(np.float16) if kind == f16 else weight
-        writer.add_tensor(name, data, raw_dtype=q8 if kind == q8 else None)
-        counts[kind.name] = counts.get(kind.name, 0) + 1
-
-    for name, source, quantised in gguf_tensors(checkpoint):
-        add(name, source, f32 if gguf_type == "f32" else q8 if gguf_type == "q8_0" and quantised else f16)
-    for name, source in head_tensors(checkpoint):
-        add(name, source, f32)
-    return counts
 
 
 def export(checkpoint: Checkpoint, out: Path | str, gguf_type: str = "f32",

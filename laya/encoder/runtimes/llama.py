@@ -33,6 +33,7 @@ from laya.encoder.batch import Batch
 from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.gate import GateFailed
+from laya.encoder.llama_bundle import ARCH, finish
 from laya.encoder.numpy_head import NumpyHead
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError, RuntimeUnavailable
@@ -222,7 +223,7 @@ def llama_gelu_error() -> float:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "probe.gguf"
-        writer = gguf.GGUFWriter(str(path), "modern-bert")
+        writer = gguf.GGUFWriter(str(path), ARCH)
         for key, value in (("context_length", 64), ("embedding_length", PROBE_D), ("block_count", 1),
                            ("feed_forward_length", PROBE_D), ("attention.head_count", 1), ("vocab_size", 4),
                            ("pooling_type", 0)):
@@ -232,10 +233,7 @@ def llama_gelu_error() -> float:
         writer.add_string("tokenizer.ggml.model", "none")
         for name, tensor in probe_weights().items():
             writer.add_tensor(name, tensor.astype(np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        finish(writer)
         encoder = LlamaEncoder(path, threads=1)
         try:
             states = encoder.encode([np.arange(4, dtype=np.int64)])[0]

@@ -337,24 +337,3 @@ class Network(nn.Module):
 class RowNet(Network):
     """The fast runtimes' configuration (packed, cuda): boolean masks and SDPA, projections in the
     plan's precisions, the last head layer read at CLS and the markers. See the module's docstring."""
-
-
-def attention_flops(n: int, d: int) -> float:
-    """FLOPs of one layer's attention products (QK^T and PV) over a row of `n` tokens, as computed
-    (a local layer's band is computed as a masked full product)."""
-    return 4.0 * n * n * d
-
-
-def matmul_flops(checkpoint: Checkpoint, n: int, markers: int = 4) -> float:
-    """FLOPs of every matrix product of one row of `n` tokens as RowNet runs it (the projections,
-    attention's two products, the head with its last layer read at CLS and the markers): what the
-    benchmark divides by to give the matrix floor."""
-    enc, cfg = checkpoint.encoder, checkpoint.config
-    d, inner = enc.hidden_size, enc.intermediate_size
-    layer = 2.0 * n * d * (3 * d + d + 2 * inner) + 2.0 * n * inner * d + attention_flops(n, d)
-    total = enc.num_hidden_layers * layer
-    read = markers + 1
-    for j in range(cfg.head_layers):
-        rows = read if j == cfg.head_layers - 1 else n
-        total += 2.0 * n * d * 2 * d + 2.0 * rows * d * (d + d + 8 * d) + 4.0 * rows * n * d
-    return total + 2.0 * read * d * d
