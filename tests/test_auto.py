@@ -5,6 +5,7 @@ that says why."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -87,6 +88,48 @@ def test_the_compiled_program_answers_as_the_network_within_its_bound(monkeypatc
         alone = flat(fast.predict(state, QUESTIONS))
         assert np.max(np.abs(alone - flat(reference.predict(state, QUESTIONS)))) <= PROMISED["bf16"].max_dp
         assert np.array_equal(flat(together), alone)
+
+
+def test_int8_in_two_levels_is_near_fp32_where_one_level_is_not():
+    """An int8 projection is the three int8 products of two levels (hi, and what hi leaves): with an
+    outlier channel in the activation (its one scale is the row's largest magnitude) it stays within a
+    fraction of bf16's error, where the hi level alone is many times worse."""
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 64) / 8, torch.randn(1, 12, 64)
+    x[..., 5] *= 20
+    exact = x.double() @ w.double().T
+    scale = exact.abs().max()
+    two = (rownet.Projection(w, None, "int8")(x).double() - exact).abs().max() / scale
+    (hi, step), _ = rownet.int8_levels(w, 1)
+    x_step = x.abs().max() / 127
+    one = ((torch.round(x / x_step) * x_step).double() @ (hi.double() * step.double()).T - exact).abs().max() / scale
+    bf16 = (rownet.Projection(w, None, "bf16")(x).double() - exact).abs().max() / scale
+    assert two < bf16 / 2 and one > 10 * two, (two, bf16, one)
+
+
+def test_compiled_int8_runs_on_the_int8_units_as_the_network_does(monkeypatch, checkpoint_dir):
+    """TorchInductor turns the two levels into oneDNN's int8 products with an fp32 output (where it did
+    not, the program would dequantise every weight on every call: 8x slower than bf16), and the program
+    answers as the eager network (attention in fp32 here, on a processor without bf16 units: bf16
+    attention rounds differently once fused)."""
+    import zipfile
+
+    from laya.encoder.runtimes.compiled import programs_root
+
+    on_cpu(monkeypatch, Cpu("int8 units without bf16", "x86_64", frozenset({"avx2", "avx512f", "avx512_vnni"})))
+    eager = load_quiet(checkpoint_dir, "packed", precision="int8", force=True, compiled=False)
+    fast = load_quiet(checkpoint_dir, "packed", precision="int8", force=True, compiled=True)
+    assert fast.runtime.compiled and fast.runtime.plan == eager.runtime.plan
+    assert fast.runtime.plan.describe().startswith("int8 (two-level) projections")
+    program = programs_root() / f"{fast.runtime._key(fast.runtime.plan, 'program')}.pt2"
+    with zipfile.ZipFile(program) as bundle:
+        wrapper = "".join(bundle.read(n).decode(errors="ignore") for n in bundle.namelist()
+                          if n.endswith("wrapper.cpp"))
+    calls = len(re.findall(r"aoti_torch_cpu__qlinear_pointwise\w*\(", wrapper))
+    # two int8 products per projection, four projections per encoder layer
+    assert calls == 2 * 4 * fast.checkpoint.encoder.num_hidden_layers, calls
+    for state in STATES:
+        assert np.max(np.abs(flat(fast.predict(state, QUESTIONS)) - flat(eager.predict(state, QUESTIONS)))) <= 1e-4
 
 
 def test_the_gate_refuses_a_drifting_bf16_model_and_auto_falls_back_saying_why(monkeypatch, checkpoint_dir):

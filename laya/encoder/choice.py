@@ -331,8 +331,9 @@ def _accepted(runtime: str, options: dict[str, Any]) -> dict[str, Any]:
             if k in names or (k == "cache_dir" and runtime in EXPORTED_ON_FIRST_USE)}
 
 
-# timed by `laya bench --pick` only, not at a first load: a gate that rarely passes (int8) is not worth a
-# minute of compiling at every first load
+# timed by `laya bench --pick` only, not at a first load: packed int8 passes its gate, but its three int8
+# products per projection ran at about fp32's speed where measured (an AMX Xeon), not worth minutes of
+# gating and compiling at every first load
 PICK_ONLY = {("packed", "int8")}
 
 

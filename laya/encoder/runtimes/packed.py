@@ -8,8 +8,11 @@ their blocking by the number of rows they are given, so a batched product would)
 - `bf16`: the matrix products and attention on bf16 units (AMX, AVX512-BF16; emulated and slow on
   other processors, so refused there unless forced), the residual stream, norms, RoPE, the scorer
   and the act head in fp32;
-- `int8`: the encoder's projections as int8 products (weights per output channel, activations per
-  token), attention and the head in bf16 where the processor has bf16 units, else fp32;
+- `int8`: the encoder's projections as int8 products in two levels (`rownet.Projection`: three int8
+  products of about 15 bits with an fp32 output, on AMX-INT8 or VNNI once compiled), attention and the
+  head in bf16 where the processor has bf16 units, else fp32. Near fp32's answers (a full-size
+  checkpoint's moved 0.015, where bf16 moved them 0.037), at about fp32's speed on an AMX Xeon (its int8
+  products run at half bf16's rate there), so auto picks it only where it is measured faster;
 - `fp16`: as bf16 with 11-bit fractions, where the processor computes fp16 (AVX512-FP16, AMX-FP16).
 
 A reduced precision answers only within the precision standard (`laya.encoder.gate`) on the checkpoint at
@@ -50,7 +53,7 @@ from laya.native.cpu import cpu
 
 log = logging.getLogger("laya")
 # Bumped whenever the network or its plans change, so that cached programs and gate records are remade.
-REVISION = 1
+REVISION = 2
 # encoder layers kept in fp32, tried in this order by the gate: rounding in the first layers is carried
 # through every later one (on the adversarial test checkpoint, the richer gate's rows moved 0.087 with
 # every layer reduced, 0.074 with the first in fp32, 0.019 with the first two)
