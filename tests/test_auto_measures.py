@@ -233,6 +233,33 @@ def test_a_candidate_whose_gate_fails_is_not_timed(machine, checkpoint_dir, monk
     assert "not timed: packed bf16" in model.choice.reason
 
 
+@pytest.mark.parametrize("bf16_drifts", [False, True])
+def test_packed_int8_is_timed_only_where_packed_bf16_fails(bf16_drifts, machine, checkpoint_dir, monkeypatch):
+    """On a processor with bf16 and int8 units, packed int8 (half bf16's speed where both answer) is
+    gated and timed at a first load only where packed bf16's gate fails, and then it is timed."""
+    flags = machine.flags | {"avx512_vnni"}
+    on_cpu(monkeypatch, Cpu(f"auto-measures test, int8 units, bf16 drifting {bf16_drifts}", "x86_64", flags))
+    real = packed.RowNet
+
+    def drifting(checkpoint, plan):
+        net = real(checkpoint, plan)
+        if bf16_drifts and plan.matmul == "bf16":
+            with torch.no_grad():
+                net.layers[-1].Wo_mlp.weight[0, 0] = 300.0
+        return net
+
+    monkeypatch.setattr(packed, "RowNet", drifting)
+    monkeypatch.setattr(packed, "compiler_problem", lambda: "eager in this test")  # no minute of compiling
+    model = load_auto(checkpoint_dir)
+    not_timed = model.choice.measured["not_timed"]
+    if bf16_drifts:
+        assert "failed its accuracy gate" in not_timed["packed bf16"]
+        assert "packed int8" in model.choice.measured["medians_ms"] and "packed int8" not in not_timed
+    else:
+        assert not_timed["packed int8"] == "packed bf16 passed its gate here, and is faster where both pass"
+        assert "packed bf16" in model.choice.measured["medians_ms"]
+
+
 def test_auto_never_exports_int8_itself(machine, checkpoint_dir, monkeypatch, cache):
     """int8's export and gate take minutes on a full-size checkpoint: the first load's bounded timing
     leaves it out (saying why) unless a bundle is in the cache already, and exports none."""

@@ -6,13 +6,14 @@ priority, then a swap between batches; `background=False` or LAYA_AUTO_BACKGROUN
 for the pick instead, and `laya prepare MODEL` makes it ahead of time). Making the pick, auto times its
 faithful candidates (`laya.encoder.bench`'s
 `pick_candidates`: torch fp32, the reference, and every other runtime and precision installed here
-whose accuracy gate passes, `laya.encoder.gate`) on the rows it will serve, a short one (128 tokens) and a
+whose accuracy gate passes, `laya.encoder.gate`; packed int8 only where packed bf16 does not pass) on the
+rows it will serve, a short one (128 tokens) and a
 long one (512, both capped by the checkpoint's row), interleaved, within a budget (`BUDGET_S`, 20 s,
 or `LAYA_AUTO_MEASURE_BUDGET_S`), and keeps the fastest: a candidate wins only if the geometric mean
 of its medians' ratios to torch fp32 is below 1 (ties go to torch fp32), so auto is never slower than
 the reference in its own measurement. The pick is stored per checkpoint, processor, library versions
 and precision setting (`store_pick`); later loads use it without timing. `laya bench --pick` writes
-the same record after a longer measurement (every candidate, packed int8 and the exported ONNX int8
+the same record after a longer measurement (every candidate, packed int8 always and the exported ONNX int8
 and llama.cpp types included), and auto uses it the same way.
 
 `precision="fp32"` keeps auto to the exact runtimes (within 1e-4 of the reference): no reduced
@@ -331,10 +332,9 @@ def _accepted(runtime: str, options: dict[str, Any]) -> dict[str, Any]:
             if k in names or (k == "cache_dir" and runtime in EXPORTED_ON_FIRST_USE)}
 
 
-# timed by `laya bench --pick` only, not at a first load: packed int8 passes its gate, but its three int8
-# products per projection ran at about fp32's speed where measured (an AMX Xeon), not worth minutes of
-# gating and compiling at every first load
-PICK_ONLY = {("packed", "int8")}
+# gated and timed at a first load only where the first is not faithful here: packed int8's three int8 products
+# per projection ran at half packed bf16's speed where both answer (an AMX Xeon), and gating it takes minutes
+STANDS_IN_FOR = {("packed", "int8"): "packed bf16"}
 
 
 def measured_candidates(machine: Cpu, exact: bool = False) -> list[Candidate]:
@@ -349,7 +349,7 @@ def measured_candidates(machine: Cpu, exact: bool = False) -> list[Candidate]:
     for spec in pick_candidates(machine=machine):
         name, _, precision = spec.partition(":")
         precision = precision or ("f32" if name == "llama" else "fp32")
-        if (name, precision) in PICK_ONLY or (exact and precision not in EXACT):
+        if exact and precision not in EXACT:
             continue
         if name == "packed" and precision == "fp32" and machine.bf16_units and not exact:
             continue
@@ -430,7 +430,10 @@ def _faithful_candidates(checkpoint: Checkpoint, options: dict[str, Any], build:
     not_timed: dict[str, str] = {}
     for candidate in measured_candidates(machine, exact):
         precision = str(candidate.options.get("precision"))
-        if (candidate.runtime, precision) in GATED_AT_EXPORT \
+        faster = STANDS_IN_FOR.get((candidate.runtime, precision))
+        if faster in built:
+            not_timed[candidate.label] = f"{faster} passed its gate here, and is faster where both pass"
+        elif (candidate.runtime, precision) in GATED_AT_EXPORT \
                 and not _cached(checkpoint, candidate.runtime, precision, options.get("cache_dir")):
             not_timed[candidate.label] = ("not exported yet: its export and accuracy gate take minutes on a full-size "
                                           "checkpoint; `laya bench --pick` exports, gates and times it)")

@@ -11,8 +11,8 @@ their blocking by the number of rows they are given, so a batched product would)
 - `int8`: the encoder's projections as int8 products in two levels (`rownet.Projection`: three int8
   products of about 15 bits with an fp32 output, on AMX-INT8 or VNNI once compiled), attention and the
   head in bf16 where the processor has bf16 units, else fp32. Near fp32's answers (a full-size
-  checkpoint's moved 0.015, where bf16 moved them 0.037), at about fp32's speed on an AMX Xeon (its int8
-  products run at half bf16's rate there), so auto picks it only where it is measured faster;
+  checkpoint's moved 0.015, where bf16 moved them 0.037); on an AMX Xeon its int8 products run at half
+  bf16's rate, so it takes about twice bf16's time there, and 0.6-1.0x ONNX fp32's;
 - `fp16`: as bf16 with 11-bit fractions, where the processor computes fp16 (AVX512-FP16, AMX-FP16).
 
 A reduced precision answers only within the precision standard (`laya.encoder.gate`) on the checkpoint at
