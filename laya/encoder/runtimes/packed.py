@@ -63,10 +63,12 @@ Row = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def precision_refusal(precision: str) -> str | None:
-    """Why `precision` would run emulated (many times slower than fp32) on this processor, or None."""
+    """Why `precision` would run emulated (many times slower than fp32) or saturate on this processor, or None."""
     machine = cpu()
     if precision == "bf16":
         return machine.bf16_refusal()
+    if precision == "int8":
+        return machine.int8_refusal()
     if precision == "fp16" and not ({"avx512_fp16", "amx_fp16", "fphp", "asimdhp"} & machine.flags):
         return f"this CPU ({machine.model}) has no fp16 arithmetic (avx512_fp16 or amx_fp16): fp16 would be emulated"
     return None
