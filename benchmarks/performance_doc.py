@@ -64,17 +64,18 @@ def _first_load(record: dict[str, Any]) -> list[str]:
 def vs_upstream(record: dict[str, Any]) -> list[str]:
     names = list(record["runtimes"])
     heads = ["upstream 0.4.15 fp32", *[f"laya `{n}`" for n in names]]
+    floor_dtype = record["scenarios"][0].get("floor_dtype", "bf16")  # records before it had bf16 floors only
     lines = [f"### laya against upstream laya, {record['shape']} shape ({record['weights']} weights)", "",
              f"`{record['command']}` ({record['date']}; torch {record['versions']['torch']}, upstream on torch "
              f"{record['versions']['upstream_torch']})", "",
-             "| scenario | tokens | " + " | ".join(heads) + " | bf16 matrix floor |",
+             "| scenario | tokens | " + " | ".join(heads) + f" | {floor_dtype} matrix floor |",
              "|---|---:|" + "---:|" * len(heads) + "---:|"]
     for r in record["scenarios"]:
         cells = [f"{_ms(r['medians_ms']['upstream'])} ms"]
         cells += [f"{_ms(r['medians_ms'][n])} ms (**x{r['speedup'][n]:.2f}**, {r['x_floor'][n]:.1f}x floor)"
                   for n in names]
         lines.append(f"| {r['scenario']} | {r['tokens']:,} | " + " | ".join(cells)
-                     + f" | {_ms(r['bf16_floor_ms'])} ms |")
+                     + f" | {_ms(r.get('floor_ms', r.get('bf16_floor_ms')))} ms |")
     peaks = [record["upstream"].get("peak_mb")] + [record["runtimes"][n].get("peak_mb") for n in names]
     lines.append("| peak memory (own process) | | " + " | ".join(f"{_ms(p)} MB" for p in peaks) + " | |")
     lines.append("")

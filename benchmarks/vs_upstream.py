@@ -14,10 +14,10 @@ a 300-token state and 10 over a 512-token state. Upstream runs in its own virtua
 of our runtimes, on the same input, never at the same time, with the same thread count.
 
 Reported per scenario: medians of the whole call (`Agent.system_one` upstream, `Model.predict` here),
-the speed-up over upstream, the bf16 matrix floor of the rows on this machine (benchmarks/floor.py)
-and each runtime's ratio to it; per runtime: what auto chose, its plan and gate, the oneDNN kernels
-that answered (read from oneDNN's verbose log) and its peak memory in a process of its own. `--json`
-writes all of it for `benchmarks/performance_doc.py`.
+the speed-up over upstream, the matrix floor of the rows on this machine (benchmarks/floor.py; bf16
+where the processor has bf16 units, else fp32) and each runtime's ratio to it; per runtime: what auto
+chose, its plan and gate, the oneDNN kernels that answered (read from oneDNN's verbose log) and its
+peak memory in a process of its own. `--json` writes all of it for `benchmarks/performance_doc.py`.
 """
 
 from __future__ import annotations
@@ -110,15 +110,21 @@ def time_interleaved(models: dict[str, Any], plan: list, upstream, repeats: int,
 
 
 def add_floors(results: list[dict], checkpoint, plan: list, model) -> None:
-    """Each scenario's bf16 matrix floor (its rows' products, summed) and every runtime's ratio to it."""
+    """Each scenario's matrix floor (its rows' products, summed) and every runtime's ratio to it: in bf16
+    where the processor has bf16 units, else in fp32 (bf16 would be emulated there, slower than fp32)."""
+    import torch
     from floor import row_floor_ms
 
+    from laya.native.cpu import cpu
+
+    dtype = torch.bfloat16 if cpu().bf16_units else torch.float32
     for result, sc in zip(results, plan):
         rows = model.prepare([sc.state], sc.questions).rows[0]
-        result["bf16_floor_ms"] = round(sum(row_floor_ms(checkpoint, len(r.ids), len(r.markers)) for r in rows), 2)
+        floor = round(sum(row_floor_ms(checkpoint, len(r.ids), len(r.markers), dtype=dtype) for r in rows), 2)
+        result.update(floor_ms=floor, floor_dtype="bf16" if dtype == torch.bfloat16 else "fp32")
         base = result["medians_ms"]["upstream"]
         result["speedup"] = {k: round(base / v, 3) for k, v in result["medians_ms"].items()}
-        result["x_floor"] = {k: round(v / result["bf16_floor_ms"], 2) for k, v in result["medians_ms"].items()}
+        result["x_floor"] = {k: round(v / floor, 2) for k, v in result["medians_ms"].items()}
 
 
 def describe_runtime(model) -> dict[str, Any]:
@@ -228,12 +234,13 @@ def print_report(record: dict[str, Any]) -> None:
     print(f"\nprocessor: {record['processor']['described']}; {record['threads']} threads; shape {record['shape']} "
           f"({record['weights']} weights); upstream laya 0.4.15 on torch {record['versions']['upstream_torch']}, "
           f"ours on torch {record['versions']['torch']}")
-    print(f"{'scenario':34s} {'tokens':>6s} {'bf16 floor':>11s} " + " ".join(f"{n:>28s}" for n in names))
+    dtype = record["scenarios"][0]["floor_dtype"]
+    print(f"{'scenario':34s} {'tokens':>6s} {dtype + ' floor':>11s} " + " ".join(f"{n:>28s}" for n in names))
     for r in record["scenarios"]:
         cells = [f"{r['medians_ms'][n]:8.1f} ms {r['speedup'][n]:5.2f}x {r['x_floor'][n]:4.1f}f" for n in names]
-        print(f"{r['scenario']:34s} {r['tokens']:6d} {r['bf16_floor_ms']:8.1f} ms "
+        print(f"{r['scenario']:34s} {r['tokens']:6d} {r['floor_ms']:8.1f} ms "
               + " ".join(f"{c:>28s}" for c in cells))
-    print("(each cell: median, speed-up over upstream, times the bf16 matrix floor)")
+    print(f"(each cell: median, speed-up over upstream, times the {dtype} matrix floor)")
     print(f"{'peak memory (own process)':34s} {'':6s} {'':11s} " + " ".join(
         f"{(record['upstream']['peak_mb'] if n == 'upstream' else record['runtimes'][n].get('peak_mb')) or 0:>25.0f} MB"
         for n in names))
