@@ -282,10 +282,10 @@ MUTANTS = [
            "FP32_LAYER_TIERS = (0,)",
            ("tests/test_auto.py::test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes",),
            "the gate gives up before keeping the first encoder layer in fp32"),
-    Mutant("packed-batches-rows", "laya/encoder/runtimes/packed.py",
-           "        for i in range(batch.size):\n            n, k = int(lengths[i]), int(counts[i])",
-           "        if batch.size > 1:\n            lengths = lengths * 0 + int(lengths.max())\n"
-           "        for i in range(batch.size):\n            n, k = int(lengths[i]), int(counts[i])",
+    Mutant("packed-batches-rows", "laya/encoder/batch.py",
+           "        for i in range(self.size):\n            n, k = int(lengths[i]), int(counts[i])",
+           "        if self.size > 1:\n            lengths = lengths * 0 + int(lengths.max())\n"
+           "        for i in range(self.size):\n            n, k = int(lengths[i]), int(counts[i])",
            ("tests/test_auto.py::test_a_row_answers_the_same_alone_and_in_any_batch",),
            "a row in company is computed with its batch's padding"),
     Mutant("rownet-local-unmasked", "laya/encoder/runtimes/rownet.py",

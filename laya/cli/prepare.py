@@ -55,20 +55,10 @@ def _one_at_a_time(model: str) -> Iterator[None]:
     workers each start one, and the second finds the first's pick stored instead of compiling again."""
     import hashlib
 
-    from laya.encoder.cache import cache_root
+    from laya.encoder.cache import cache_root, locked
 
     name = hashlib.sha256(os.path.abspath(model).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    try:
-        import fcntl
-
-        folder = cache_root() / "picks"
-        folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / f".prepare-{name}.lock", "a+")  # noqa: SIM115 - held across the yield
-    except (ImportError, OSError):
-        yield
-        return
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    with locked(cache_root() / "picks" / f".prepare-{name}.lock"):
         yield
 
 

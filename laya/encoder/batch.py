@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.rows import Row
+
+# row i, its token count n and option count k -> its k option logits and its act logits
+RowAnswer = Callable[[int, int, int], "tuple[np.ndarray, np.ndarray]"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,27 @@ class Batch:
     @property
     def n_markers(self) -> int:
         return int(self.marker_pos.shape[1])
+
+    def take(self, rows: list[int]) -> Batch:
+        """The given rows, trimmed to their own longest row and marker count."""
+        n = int(self.attention_mask[rows].sum(-1).max())
+        k = int(self.marker_mask[rows].sum(-1).max())
+        return Batch(input_ids=self.input_ids[rows, :n], attention_mask=self.attention_mask[rows, :n],
+                     marker_pos=self.marker_pos[rows, :k], marker_mask=self.marker_mask[rows, :k],
+                     qtype=self.qtype[rows])
+
+    def per_row(self, answer: RowAnswer) -> tuple[np.ndarray, np.ndarray]:
+        """Answers made one row at a time, each from its own unpadded tokens, so that no row's answer
+        depends on what shares its batch: option logits [N, K] (MASKED_LOGIT past a row's options) and
+        act logits [N, n_act]."""
+        lengths, counts = self.attention_mask.sum(1), self.marker_mask.sum(1)
+        logits = np.full(self.marker_mask.shape, MASKED_LOGIT, dtype=np.float32)
+        acts = []
+        for i in range(self.size):
+            n, k = int(lengths[i]), int(counts[i])
+            logits[i, :k], act = answer(i, n, k)
+            acts.append(act)
+        return logits, np.stack(acts).astype(np.float32, copy=False)
 
 
 LENGTH_STEP = 32

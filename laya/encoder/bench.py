@@ -70,7 +70,7 @@ def _peak_mb() -> float:
 
 
 def run(models: dict[str, Model], lengths: list[int], questions: list[int], state_tokens: int, repeats: int,
-        warmup: int, say=print) -> list[dict[str, Any]]:
+        warmup: int) -> list[dict[str, Any]]:
     first = next(iter(models.values()))
     plan = scenarios(first, lengths, questions, state_tokens)
     results = []

@@ -38,7 +38,6 @@ nothing changes.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
@@ -47,16 +46,14 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from laya.encoder.cache import cache_root
-from laya.encoder.upgrade import in_background
+from laya.encoder.cache import cache_root, locked, write_json
+from laya.encoder.upgrade import in_background, now_iso, switched_on
 from laya.errors import LayaError, RuntimeUnavailable
 from laya.native.cpu import Cpu, cpu
 
@@ -180,13 +177,8 @@ def store_pick(fingerprint: str, runtime: str, options: dict[str, Any], measured
     with the library versions it was measured under."""
     machine = machine or cpu()
     path = pick_path(fingerprint, machine, exact)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"runtime": runtime, "options": options, "measured": measured, "cpu": machine.model,
-              "versions": library_versions(), "picked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(path, {"runtime": runtime, "options": options, "measured": measured, "cpu": machine.model,
+                      "versions": library_versions(), "picked_at": now_iso()})
     return path
 
 
@@ -258,9 +250,7 @@ def budget_s() -> float:
 def measuring(option: bool | None = None) -> bool:
     """Whether auto times its candidates at first load: the load option if given, else
     `LAYA_AUTO_MEASURE` (on unless 0, false, no or off)."""
-    if option is not None:
-        return bool(option)
-    return os.environ.get(MEASURE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(option, MEASURE_ENV)
 
 
 def _cached(checkpoint: Checkpoint, runtime: str, precision: str, cache_dir: str | os.PathLike | None = None) -> bool:
@@ -365,27 +355,6 @@ def row_lengths(checkpoint: Checkpoint) -> list[int]:
 
 def _ms(medians: list[float]) -> str:
     return " / ".join(f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" for v in medians)
-
-
-@contextlib.contextmanager
-def _one_timing_at_a_time() -> Iterator[None]:
-    """Timings on this machine take turns (server workers and engine processes loading at once would
-    otherwise share the cores and measure each other); where no lock can be taken, they just run."""
-    try:
-        import fcntl
-
-        folder = cache_root() / "picks"
-        folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / ".timing.lock", "a+")  # noqa: SIM115 - held across the yield
-    except (ImportError, OSError):
-        yield
-        return
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _build(candidate: Candidate, checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> Runtime:
@@ -516,7 +485,7 @@ def _measured_choice(checkpoint: Checkpoint, options: dict[str, Any], build: Bui
     if REFERENCE not in built:
         passed_over.append(f"timing the candidates ({REFERENCE}, the reference, did not load)")
         return None
-    with _one_timing_at_a_time():
+    with locked(cache_root() / "picks" / ".timing.lock"):  # timings take turns: never measure each other
         pick = stored_pick(checkpoint.fingerprint, machine, exact)  # another process may have timed it meanwhile
         if pick is not None and _stored_candidate(pick).label in built:
             stored = _stored_candidate(pick)
@@ -592,18 +561,12 @@ def _exact_for_now(checkpoint: Checkpoint, options: dict[str, Any], build: Build
     torch fp32; None where torch is missing (the measured pick needs it anyway)."""
     if not _installed("torch"):
         return None
-    for now in (Candidate("packed", {"precision": "fp32", "compiled": False}, ""),
-                Candidate("torch", {"precision": "fp32"}, "")):
-        try:
-            runtime = _build(now, checkpoint, options, build)
-        except LayaError as exc:
-            passed_over.append(f"{now.label} to answer while the pick is prepared ({_first_line(exc)})")
-            continue
-        reason = (f"the first load of this checkpoint on this machine: {now.label} (exact, "
-                  f"{'eager' if now.runtime == 'packed' else 'the reference'}) answers at once while the fastest "
-                  "faithful runtime is compiled, gated and timed in the background and swapped in when ready")
-        return _chosen(checkpoint, runtime, now, passed_over, reason, deferred=True)
-    return None
+    later = ("answers at once while the fastest faithful runtime is compiled, gated and timed in the background "
+             "and swapped in when ready")
+    first = "the first load of this checkpoint on this machine:"
+    now = [Candidate("packed", {"precision": "fp32", "compiled": False}, f"{first} packed fp32 (exact, eager) {later}"),
+           Candidate("torch", {"precision": "fp32"}, f"{first} torch fp32 (exact, the reference) {later}")]
+    return _first_that_loads(now, checkpoint, options, build, passed_over, deferred=True)
 
 
 def load_stored_pick(checkpoint: Checkpoint, options: dict[str, Any], build: Build) -> tuple[Runtime, Choice] | None:
@@ -637,15 +600,17 @@ def cuda_candidates(exact: bool = False) -> list[Candidate]:
 
 
 def _first_that_loads(found: list[Candidate], checkpoint: Checkpoint, options: dict[str, Any], build: Build,
-                      passed_over: list[str]) -> tuple[Runtime, Choice] | None:
-    """The first of `found` that loads (its gate included), or None with each refusal in `passed_over`."""
+                      passed_over: list[str], deferred: bool = False) -> tuple[Runtime, Choice] | None:
+    """The first of `found` that loads (its gate included), or None with each refusal in `passed_over`;
+    `deferred`: it answers only while the pick is prepared."""
     for candidate in found:
         try:
             runtime = _build(candidate, checkpoint, options, build)
         except LayaError as exc:
-            passed_over.append(f"{candidate.label} ({_first_line(exc)})")
+            purpose = " to answer while the pick is prepared" if deferred else ""
+            passed_over.append(f"{candidate.label}{purpose} ({_first_line(exc)})")
             continue
-        return _chosen(checkpoint, runtime, candidate, passed_over)
+        return _chosen(checkpoint, runtime, candidate, passed_over, deferred=deferred)
     return None
 
 

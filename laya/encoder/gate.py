@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from laya.encoder.cache import cache_root
+from laya.encoder.cache import cache_root, write_json
 from laya.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
@@ -93,50 +93,41 @@ def describe(gate: dict[str, Any]) -> str:
             f"on {gate['rows']} rows")
 
 
-def gate_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row, str]]:
-    """The rows of the gate's requests (`laya.encoder.gate_cases`: every input kind, lengths up to the
-    row), each with the question it answers and its kind, built exactly as a request's rows are."""
-    from laya.encoder.gate_cases import cases
+def _rows_of(checkpoint: Checkpoint, state: Any, questions: dict[str, Any]) -> list[tuple[Question, Row]] | None:
+    """A request's rows, each with its question, built exactly as the engine builds them; None for one
+    whose options do not fit in one row (a tournament's)."""
     from laya.encoder.rows import build_rows
     from laya.errors import QuestionError
     from laya.questions import parse_questions
 
     tok, cfg = checkpoint.tokenizer, checkpoint.config
-
-    def rows_of(state: Any, questions: dict[str, Any]) -> list[tuple[Question, Row]]:
+    try:
         parsed = parse_questions(questions)
         return list(zip(parsed, build_rows(tok, state, parsed, cfg.max_len, cfg.head_max_len)))
+    except QuestionError:
+        return None
 
-    def fits(state: Any, questions: dict[str, Any]) -> bool:
-        try:
-            rows_of(state, questions)
-        except QuestionError:
-            return False
-        return True
 
-    return [(q, row, case.kind) for case in cases(tok, cfg.max_len, fits) if fits(case.state, case.questions)
-            for q, row in rows_of(case.state, case.questions)]
+def gate_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row, str]]:
+    """The rows of the gate's requests (`laya.encoder.gate_cases`: every input kind, lengths up to the
+    row), each with the question it answers and its kind."""
+    from laya.encoder.gate_cases import cases
+
+    tok, cfg = checkpoint.tokenizer, checkpoint.config
+    found = [(case.kind, _rows_of(checkpoint, case.state, case.questions))
+             for case in cases(tok, cfg.max_len, lambda state, qs: _rows_of(checkpoint, state, qs) is not None)]
+    return [(q, row, kind) for kind, rows in found for q, row in rows or []]
 
 
 def held_out_rows(checkpoint: Checkpoint) -> list[tuple[Question, Row, str]]:
     """The rows of the golden cases (`laya.encoder.golden_cases`, written to pin upstream's answers, not
     for the gate): inputs the gate's own rows never were, on which the record reports the drift without
-    judging it. A case whose options do not fit in one row (a tournament's) is left out."""
+    judging it."""
     from laya.encoder.golden_cases import cases
-    from laya.encoder.rows import build_rows
-    from laya.errors import QuestionError
-    from laya.questions import parse_questions
 
-    tok, cfg = checkpoint.tokenizer, checkpoint.config
-    out = []
-    for case in cases(tok.mask_token, tok.sep_token):
-        try:
-            parsed = parse_questions(case["questions"])
-            rows = build_rows(tok, case["state"], parsed, cfg.max_len, cfg.head_max_len)
-        except QuestionError:
-            continue
-        out += [(q, row, "held_out") for q, row in zip(parsed, rows)]
-    return out
+    tok = checkpoint.tokenizer
+    found = [_rows_of(checkpoint, case["state"], case["questions"]) for case in cases(tok.mask_token, tok.sep_token)]
+    return [(q, row, "held_out") for rows in found for q, row in rows or []]
 
 
 def measure(checkpoint: Checkpoint, reference: Forward, candidate: Forward, precision: str,
@@ -256,12 +247,10 @@ def _margin(p: np.ndarray) -> float:
 def cached_gate(key: str, measure_now: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A gate record kept in `$LAYA_CACHE/gates/<key>.json`: measured once per checkpoint, processor
     and framework version, since the measurement costs a few dozen forward passes."""
+    import contextlib
     import json
-    import os
-    import tempfile
 
-    folder = cache_root() / "gates"
-    path = folder / f"{key}.json"
+    path = cache_root() / "gates" / f"{key}.json"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(record, dict) and {"passed", "max_dp", "bounds"} <= set(record) \
@@ -270,12 +259,6 @@ def cached_gate(key: str, measure_now: Callable[[], dict[str, Any]]) -> dict[str
     except (OSError, ValueError):
         pass
     record = measure_now()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{key}.", suffix=".partial")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs the measurement at the next load
+    with contextlib.suppress(OSError):  # a read-only cache only costs the measurement at the next load
+        write_json(path, record)
     return record

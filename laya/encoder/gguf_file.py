@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 
 from laya.digests import sha256_of
-from laya.encoder.bundle import build_once
+from laya.encoder.bundle import ACT_TENSORS, ARCH, build_once, encoder_tensors, head_tensors
 from laya.encoder.cache import cache_root
 from laya.encoder.head_layout import ACT_FEATURES, ACT_HIDDEN, NO_ACT_HEAD
-from laya.encoder.llama_bundle import ACT_TENSORS, ARCH, encoder_tensors, head_tensors
 from laya.errors import CheckpointError
 
 DECISION_TYPE = f"{ARCH}.decision.type"
@@ -259,34 +258,29 @@ def _unpack(path: Path, out: Path) -> None:
 def _llama_bundle(f: _File, checkpoint_folder: Path, out: Path, layers: int) -> None:
     """The llama runtime's bundle of the file: its encoder tensors, of their own types, in an encoder-only
     GGUF that laya's llama.cpp runs, and the head in fp32."""
-    import gguf
-
-    from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
+    from laya.encoder.bundle import write_llama_bundle, write_manifest
     from laya.encoder.checkpoint import load_checkpoint
-    from laya.encoder.llama_bundle import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_header, finish, write_head
 
-    checkpoint = load_checkpoint(checkpoint_folder)
-    out.mkdir(parents=True)
-    copy_checkpoint_files(checkpoint, out)
-    writer = gguf.GGUFWriter(str(out / ENCODER_FILE), ARCH)
-    encoder_header(writer, checkpoint)
-    kinds: dict[str, int] = {}
-    for name, t in f.tensors.items():
-        if name.startswith("blk.") and int(name.split(".")[1]) >= layers or name.startswith(("token_types", "cls")):
-            continue
-        writer.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)  # a quantized one: its bytes
-        kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
-    finish(writer)
-    write_head(checkpoint, out / HEAD_FILE)
-    precision = "q8_0" if "Q8_0" in kinds else "f16" if "F16" in kinds else "f32"
-    if set(kinds) - {"F32", "F16", "Q8_0"}:
-        raise CheckpointError(f"{f.path}: tensor types {sorted(set(kinds) - {'F32', 'F16', 'Q8_0'})}: laya's "
+    head = {name for name in f.tensors if name.startswith("blk.") and int(name.split(".")[1]) >= layers
+            or name.startswith(("token_types", "cls"))}
+    kept = {name: t for name, t in f.tensors.items() if name not in head}
+    kinds = {t.tensor_type.name for t in kept.values()}
+    if kinds - {"F32", "F16", "Q8_0"}:
+        raise CheckpointError(f"{f.path}: tensor types {sorted(kinds - {'F32', 'F16', 'Q8_0'})}: laya's "
                               "llama runtime runs f32, f16 and q8_0 (name runtime='packed' to run it dequantized)")
-    manifest = base_manifest(checkpoint, "llama", precision)
+    precision = "q8_0" if "Q8_0" in kinds else "f16" if "F16" in kinds else "f32"
+
+    def add_tensors(writer: Any) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for name, t in kept.items():
+            writer.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)  # a quantized one: its bytes
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        return counts
+
+    out.mkdir(parents=True)
+    manifest = write_llama_bundle(load_checkpoint(checkpoint_folder), out, precision, add_tensors)
     gate = json.loads(f.get("laya.encoder.gate")) if f.get("laya.encoder.gate") else None
-    manifest.update(encoder=ENCODER_FILE, head=HEAD_FILE, architecture=ARCH, gguf_revision=GGUF_REVISION,
-                    tensor_types=kinds, fingerprint=checkpoint.fingerprint, source_gguf=f.path.name,
-                    gate=gate if gate is not None else _file_gate(precision))
+    manifest.update(source_gguf=f.path.name, gate=gate if gate is not None else _file_gate(precision))
     write_manifest(out, manifest)
 
 

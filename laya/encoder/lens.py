@@ -15,23 +15,15 @@ from typing import Any
 import numpy as np
 
 
-def _reference(model: Any) -> Any:
-    """The PyTorch net of `model`'s checkpoint (the model's own when it runs on torch in fp32)."""
-    from laya.encoder.runtimes.pytorch import TorchRuntime
-
-    if isinstance(model.runtime, TorchRuntime):
-        return model.runtime.net
-    return TorchRuntime(model.checkpoint).net
-
-
 def layer_probabilities(model: Any, state: Any, questions: Mapping[str, Any], net: Any = None
                         ) -> dict[str, list[list[float]]]:
     """Per question (one-row questions only), per encoder layer, its calibrated probabilities."""
     import torch
 
     from laya.encoder.batch import collate, padded_length
+    from laya.encoder.runtimes.pytorch import reference_net
 
-    net = net if net is not None else _reference(model)
+    net = net if net is not None else reference_net(model.runtime, model.checkpoint)
     job = model.prepare([state], questions)
     one_row = [q for q in job.questions if q.qid not in job.tournaments]
     captured: list[torch.Tensor] = []

@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from laya.encoder.head_layout import MASKED_LOGIT
-
 EPS = 1e-5  # every LayerNorm of the head, scorer and act head (the reference's nn.LayerNorm eps)
 
 
@@ -100,18 +98,6 @@ class NumpyHead:
         features = act_features(z)
         act = gelu(np.concatenate([h[0], features]) @ self.act_w1 + self.act_b1) @ self.act_w2 + self.act_b2
         return z.astype(np.float32), act.astype(np.float32)
-
-    def decide(self, states: list[np.ndarray], marker_pos: np.ndarray, marker_mask: np.ndarray,
-               qtype: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Option logits [N, K] (MASKED_LOGIT where `marker_mask` is false) and act logits [N, n_act]."""
-        logits = np.full(marker_mask.shape, MASKED_LOGIT, dtype=np.float32)
-        acts = []
-        for i, row_states in enumerate(states):
-            k = int(marker_mask[i].sum())
-            z, act = self.row(row_states, marker_pos[i, :k], int(qtype[i]))
-            logits[i, :k] = z
-            acts.append(act)
-        return logits, np.stack(acts)
 
 
 def act_features(z: np.ndarray) -> np.ndarray:

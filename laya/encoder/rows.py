@@ -139,17 +139,10 @@ def build_row(tok: Tokenizer, question: Question, head: QuestionTokens, state: S
     )
 
 
-def build_rows(
-    tok: Tokenizer, state: object, questions: list[Question], max_len: int, head_max_len: int,
-    heads: dict[str, QuestionTokens] | None = None,
-) -> list[Row]:
-    """Rows of one state, one per question; `heads` lets many states share each question's head."""
+def build_rows(tok: Tokenizer, state: object, questions: list[Question], max_len: int, head_max_len: int) -> list[Row]:
+    """Rows of one state, one per question."""
     state_tokens = tokenize_state(tok, state)
-    rows = []
-    for question in questions:
-        head = heads[question.qid] if heads is not None else build_head(tok, question, head_max_len)
-        rows.append(build_row(tok, question, head, state_tokens, max_len))
-    return rows
+    return [build_row(tok, q, build_head(tok, q, head_max_len), state_tokens, max_len) for q in questions]
 
 
 def compact_row(tok: Tokenizer, question: Question, state: StateTokens, length: int, head_max_len: int,

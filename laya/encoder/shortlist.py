@@ -49,7 +49,9 @@ def embed_fn_from_model(model: Any, max_length: int = MAX_LENGTH, batch_size: in
     _positive("batch_size", batch_size)
     import torch
 
-    encoder = _reference_encoder(model)
+    from laya.encoder.runtimes.pytorch import reference_net
+
+    encoder: Any = reference_net(model.runtime, model.checkpoint).encoder  # a transformers ModernBertModel
     backend = _truncating(model.tokenizer.backend, max_length)
     pad_id = model.tokenizer.pad_id
 
@@ -71,15 +73,6 @@ def embed_fn_from_model(model: Any, max_length: int = MAX_LENGTH, batch_size: in
         return np.concatenate(out).astype(np.float32)
 
     return embed
-
-
-def _reference_encoder(model: Any) -> Any:
-    runtime = model.runtime
-    if runtime.name == "torch":
-        return runtime.net.encoder
-    from laya.encoder.runtimes.pytorch import TorchRuntime
-
-    return TorchRuntime(model.checkpoint).net.encoder
 
 
 def _truncating(backend: Any, max_length: int) -> Any:

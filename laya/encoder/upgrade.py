@@ -42,12 +42,17 @@ LoadPick = Callable[[], "tuple[Runtime, Choice] | None"]
 def in_background(option: bool | None = None) -> bool:
     """Whether auto prepares its pick in the background: the load option if given, else
     `LAYA_AUTO_BACKGROUND` (on unless 0, false, no or off)."""
+    return switched_on(option, BACKGROUND_ENV)
+
+
+def switched_on(option: bool | None, env: str) -> bool:
+    """A load option where given, else the environment variable `env`, on unless 0, false, no or off."""
     if option is not None:
         return bool(option)
-    return os.environ.get(BACKGROUND_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(env, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
@@ -58,7 +63,7 @@ class Upgrade:
         """`options` are the load's runtime options (threads, cache_dir, precision="fp32"); `answering` is
         the key (`Choice.key`) of the runtime answering until the swap."""
         self.checkpoint, self.options, self.load_pick, self.answering = checkpoint, dict(options), load_pick, answering
-        self.state, self.reason, self.since = "preparing", "compiling, gating and timing the candidates", _now_iso()
+        self.state, self.reason, self.since = "preparing", "compiling, gating and timing the candidates", now_iso()
         self.began = time.monotonic()
         self.seconds: float | None = None  # from the start to the swap (or the verdict)
         self.target = ""  # the runtime swapped in (or kept)
@@ -147,7 +152,7 @@ class Upgrade:
         self._verdict("swapped", f"{choice.label} answers from now on: {choice.reason}")
 
     def _verdict(self, state: str, reason: str) -> None:
-        self.state, self.reason, self.since = state, reason, _now_iso()
+        self.state, self.reason, self.since = state, reason, now_iso()
         self.seconds = time.monotonic() - self.began
         (log.warning if state == "failed" else log.info)("auto: upgrade of %s %s after %.1f s: %s",
                                                           self.checkpoint.path.name, state, self.seconds, reason)

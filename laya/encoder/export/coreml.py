@@ -176,7 +176,6 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, precision: str = "fp16",
     if precision not in ("fp16", "fp32"):
         raise CheckpointError(f"Core ML precision must be fp16 or fp32, got {precision!r}")
     say = progress or (lambda _msg: None)
-    out.mkdir(parents=True, exist_ok=True)
     copy_checkpoint_files(checkpoint, out)
     manifest = base_manifest(checkpoint, "coreml", precision)
     lengths = general_lengths(checkpoint.config.max_len)
@@ -196,7 +195,7 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, precision: str = "fp16",
     from laya.encoder.export.ane_net import SLOTS
 
     manifest.update(
-        fingerprint=checkpoint.fingerprint, deployment_target=DEPLOYMENT,
+        deployment_target=DEPLOYMENT,
         general={"program": GENERAL, "lengths": lengths, "max_markers": MAX_MARKERS, "inputs": GENERAL_INPUTS,
                  "outputs": ["logits", "act_logits"]},
         ane=({"buckets": [{"length": n, "program": f"ane-L{n}.mlpackage"} for n in buckets], "slots": SLOTS,
@@ -252,13 +251,11 @@ def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: P
     ane = options.get("ane", True)
     if options.get("executor") == "torch":
         return {**options, "programs": torch_programs(checkpoint, ane)}
-    return {**options, "bundle": cached_bundle(checkpoint, options.get("precision", "fp16"), ane, cache_dir)}
-
-
-def cached_bundle(checkpoint: Checkpoint, precision: str, ane: bool, cache_dir: Path | None = None) -> Path:
-    """A bundle for `checkpoint`, converted on first use into the cache (`$LAYA_CACHE/coreml`)."""
     from laya.encoder.bundle import cached_export
 
+    precision = options.get("precision", "fp16")
     key = f"{checkpoint.fingerprint[:16]}-{precision}{'-ane' if ane else ''}-r{PROGRAM_REVISION}"
-    return cached_export("coreml", key, lambda folder: export_bundle(checkpoint, folder, precision=precision,
-                                                                     ane=ane), cache_dir)
+    bundle = cached_export("coreml", key, lambda folder: export_bundle(checkpoint, folder, precision=precision,
+                                                                       ane=ane), cache_dir)
+    return {**options, "bundle": bundle}
+

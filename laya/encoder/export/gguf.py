@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from laya.digests import sha256_of
-from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.llama_bundle import (
+from laya.encoder.bundle import (
     ARCH,
     ENCODER_FILE,
     GGUF_REVISION,
@@ -43,6 +42,7 @@ from laya.encoder.llama_bundle import (
     head_tensors,
     write_head,
 )
+from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 
 TYPES = ("f32", "f16", "q8_0")
@@ -123,20 +123,15 @@ def write_tensors(writer: Any, checkpoint: Checkpoint, gguf_type: str, head: boo
 def export_bundle(checkpoint: Checkpoint, out: Path, gguf_type: str = "f32",
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write a llama bundle into `out` and return its manifest."""
-    from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
+    from laya.encoder.bundle import write_llama_bundle, write_manifest
 
     check_expressible(checkpoint, gguf_type)
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    copy_checkpoint_files(checkpoint, out)
     say(f"writing the encoder as a {gguf_type} GGUF")
-    counts = write_gguf(checkpoint, out / ENCODER_FILE, gguf_type)
-    write_head(checkpoint, out / HEAD_FILE)
-    manifest = base_manifest(checkpoint, "llama", gguf_type)
-    manifest.update(encoder=ENCODER_FILE, head=HEAD_FILE, architecture=ARCH, gguf_revision=GGUF_REVISION,
-                    tensor_types=counts, fingerprint=checkpoint.fingerprint,
-                    encoder_sha256=sha256_of(out / ENCODER_FILE), head_sha256=sha256_of(out / HEAD_FILE))
+    manifest = write_llama_bundle(checkpoint, out, gguf_type,
+                                  lambda writer: write_tensors(writer, checkpoint, gguf_type))
+    manifest.update(encoder_sha256=sha256_of(out / ENCODER_FILE), head_sha256=sha256_of(out / HEAD_FILE))
     if gguf_type == "q8_0":
         first = max(1, checkpoint.encoder.num_hidden_layers // 2)
         manifest["q8_0_scheme"] = f"ffn_up and ffn_down of layers >= {first} in Q8_0; other matrices f16; norms f32"
@@ -158,42 +153,36 @@ def measure_gate(checkpoint: Checkpoint, folder: Path, manifest: dict[str, Any])
     from laya.encoder.runtimes.llama import LlamaRuntime
 
     candidate = LlamaRuntime.from_folder(folder, manifest, threads=None)
-    if importlib.util.find_spec("torch") is not None:
-        from laya.encoder.runtimes.pytorch import TorchRuntime
+    try:
+        if importlib.util.find_spec("torch") is not None:
+            from laya.encoder.runtimes.pytorch import TorchRuntime
 
-        record = measure(checkpoint, TorchRuntime(checkpoint).forward, candidate.forward, manifest["precision"])
-        record["reference"] = "torch fp32"
-        return record
-    with tempfile.TemporaryDirectory() as tmp:
-        write_gguf(checkpoint, Path(tmp) / ENCODER_FILE, "f32")
-        write_head(checkpoint, Path(tmp) / HEAD_FILE)
-        reference = LlamaRuntime.from_folder(Path(tmp), {**manifest, "precision": "f32"}, threads=None)
-        record = measure(checkpoint, reference.forward, candidate.forward, manifest["precision"])
-        reference.close()
-    record["reference"] = "llama f32"
-    return record
+            record = measure(checkpoint, TorchRuntime(checkpoint).forward, candidate.forward, manifest["precision"])
+            return {**record, "reference": "torch fp32"}
+        with tempfile.TemporaryDirectory() as tmp:
+            write_gguf(checkpoint, Path(tmp) / ENCODER_FILE, "f32")
+            write_head(checkpoint, Path(tmp) / HEAD_FILE)
+            reference = LlamaRuntime.from_folder(Path(tmp), {**manifest, "precision": "f32"}, threads=None)
+            record = measure(checkpoint, reference.forward, candidate.forward, manifest["precision"])
+            reference.close()
+        return {**record, "reference": "llama f32"}
+    finally:
+        candidate.close()
 
 
 def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
-    """What `laya.load(checkpoint, runtime="llama", ...)` hands the runtime: a bundle exported on first use."""
+    """What `laya.load(checkpoint, runtime="llama", ...)` hands the runtime: a bundle exported on first use
+    into a cache keyed by the checkpoint's fingerprint and the exporter's revision (`bundle_key`)."""
+    from laya.encoder.bundle import cached_export
+
     precision = options.get("precision", "f32")
     if precision not in TYPES:
         raise CheckpointError(f"llama precision must be one of {', '.join(TYPES)}, got {precision!r}")
-    return {**options, "bundle": cached_bundle(checkpoint, precision, cache_dir)}
+    bundle = cached_export("llama", bundle_key(checkpoint, precision),
+                           lambda folder: export_bundle(checkpoint, folder, precision), cache_dir)
+    return {**options, "bundle": bundle}
 
 
 def bundle_key(checkpoint: Checkpoint, gguf_type: str) -> str:
     return f"{checkpoint.fingerprint[:16]}-{gguf_type}-r{GGUF_REVISION}"
-
-
-def cached_bundle(checkpoint: Checkpoint, gguf_type: str, cache_dir: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
-    """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
-    exporter's revision."""
-    from laya.encoder.bundle import cached_export
-
-    def build(folder: Path) -> None:
-        export_bundle(checkpoint, folder, gguf_type, progress=progress)
-
-    return cached_export("llama", bundle_key(checkpoint, gguf_type), build, cache_dir)
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from laya.encoder.bundle import ACT_TENSORS, ARCH, finish
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.export.gguf import check_expressible, write_tensors
-from laya.encoder.llama_bundle import ACT_TENSORS, ARCH, finish
 from laya.errors import CheckpointError
 
 FORMAT_REVISION = 1  # `laya.format_revision`: bumped whenever what laya writes under its own keys changes
@@ -237,22 +237,13 @@ def export(checkpoint: Checkpoint, out: Path | str, gguf_type: str = "f32",
 
 
 def measure_gate(checkpoint: Checkpoint, path: Path) -> dict[str, Any]:
-    """The file's reduced type against fp32: the torch reference, and the file as laya's llama runtime
-    runs it (unpacked into a temporary cache: the round trip is part of what is measured)."""
+    """The file's reduced type against fp32, as laya's llama runtime runs it (unpacked into a temporary
+    cache: the round trip is part of what is measured)."""
     import tempfile
 
-    from laya.encoder.gate import measure
+    from laya.encoder.export import gguf
     from laya.encoder.gguf_file import unpack
-    from laya.encoder.runtimes.llama import LlamaRuntime
-    from laya.encoder.runtimes.pytorch import TorchRuntime
 
     with tempfile.TemporaryDirectory() as tmp:
         unpacked = unpack(path, Path(tmp))
-        candidate = LlamaRuntime.from_folder(unpacked.bundle, unpacked.manifest, threads=None)
-        try:
-            record = measure(checkpoint, TorchRuntime(checkpoint).forward, candidate.forward,
-                             unpacked.manifest["precision"])
-        finally:
-            candidate.close()
-    record["reference"] = "torch fp32"
-    return record
+        return gguf.measure_gate(checkpoint, unpacked.bundle, unpacked.manifest)

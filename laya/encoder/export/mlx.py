@@ -20,12 +20,11 @@ def export_bundle(checkpoint: Checkpoint, out: Path, precision: str = "fp16") ->
 
     if precision not in ("fp16", "fp32"):
         raise CheckpointError(f"MLX bundle precision must be fp16 or fp32, got {precision!r}")
-    out.mkdir(parents=True, exist_ok=True)
     copy_checkpoint_files(checkpoint, out)
     dtype = mx.float16 if precision == "fp16" else mx.float32
     tensors = {k: mx.array(v).astype(dtype) for k, v in sorted(checkpoint.weights.items())}
     mx.save_safetensors(str(out / WEIGHTS), tensors)
     manifest = base_manifest(checkpoint, "mlx", precision)
-    manifest.update(fingerprint=checkpoint.fingerprint, weights=WEIGHTS)
+    manifest["weights"] = WEIGHTS
     write_manifest(out, manifest)
     return manifest

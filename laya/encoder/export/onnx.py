@@ -281,7 +281,6 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
     from laya.encoder.bundle import base_manifest, copy_checkpoint_files, write_manifest
 
     say = progress or (lambda _msg: None)
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     copy_checkpoint_files(checkpoint, out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -301,7 +300,6 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
             shutil.copyfile(int8_path, out / "model.onnx")
         else:
             manifest["split_products"] = split_products(fp32_path, out / "model.onnx")
-    manifest["fingerprint"] = checkpoint.fingerprint
     manifest["graph_sha256"] = hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
     write_manifest(out, manifest)
     say(f"done in {time.perf_counter() - started:.1f} s: {out}")
@@ -309,12 +307,16 @@ def export_bundle(checkpoint: Checkpoint, out: Path, *, int8: bool = False,
 
 
 def runtime_inputs(checkpoint: Checkpoint, options: dict[str, Any], cache_dir: Path | None = None) -> dict[str, Any]:
-    """What `laya.load(checkpoint, runtime="onnx", ...)` hands the runtime: a bundle exported on first use."""
+    """What `laya.load(checkpoint, runtime="onnx", ...)` hands the runtime: a bundle exported on first use
+    into a cache keyed by the checkpoint's fingerprint and the exporter's revisions (`bundle_key`)."""
+    from laya.encoder.bundle import cached_export
     from laya.encoder.runtimes.onnx import check_precision
 
     precision = options.get("precision", "fp32")
     check_precision(precision)
-    return {**options, "bundle": cached_bundle(checkpoint, precision, cache_dir)}
+    bundle = cached_export("onnx", bundle_key(checkpoint, precision),
+                           lambda folder: export_bundle(checkpoint, folder, int8=precision == "int8"), cache_dir)
+    return {**options, "bundle": bundle}
 
 
 def bundle_key(checkpoint: Checkpoint, precision: str) -> str:
@@ -323,14 +325,3 @@ def bundle_key(checkpoint: Checkpoint, precision: str) -> str:
     key = f"{checkpoint.fingerprint[:16]}-{precision}-r{GRAPH_REVISION}"
     return key + (f"q{INT8_REVISION}" if precision == "int8" else "")
 
-
-def cached_bundle(checkpoint: Checkpoint, precision: str, cache_dir: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> Path:
-    """A bundle for `checkpoint`, exported on first use into a cache keyed by its fingerprint and the
-    exporter's graph revision (and, for int8, the quantisation's revision)."""
-    from laya.encoder.bundle import cached_export
-
-    def build(folder: Path) -> None:
-        export_bundle(checkpoint, folder, int8=precision == "int8", progress=progress)
-
-    return cached_export("onnx", bundle_key(checkpoint, precision), build, cache_dir)

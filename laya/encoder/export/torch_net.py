@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.runtimes.rownet import Linear, Network, rotate
+from laya.encoder.runtimes.rownet import EMBEDDINGS, Linear, Network, rotate
 
 # Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
 # their input by this first (LayerNorm is scale-invariant; eps is scaled to match), so an fp16 program
@@ -147,8 +147,7 @@ class PortableNet(Network):
     def __init__(self, checkpoint: Checkpoint, ops: GraphOps = PLAIN):
         super().__init__(checkpoint, project=Linear)
         self.ops = ops
-        self.emb = nn.Parameter(torch.from_numpy(checkpoint.weights["encoder.embeddings.tok_embeddings.weight"])
-                                .float(), requires_grad=False)
+        self.emb = nn.Parameter(torch.from_numpy(checkpoint.weights[EMBEDDINGS]).float(), requires_grad=False)
         if ops.rotary is not None:  # the fused kernel indexes the whole half-width table by position
             half = self.head_dim // 2
             for name in ("global", "local"):

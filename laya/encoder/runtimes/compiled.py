@@ -19,13 +19,13 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from laya.encoder.cache import cache_root
+from laya.encoder.cache import cache_root, locked
 
 log = logging.getLogger("laya")
 SUFFIX = ".pt2"
@@ -91,29 +91,13 @@ def compile_row_program(net: nn.Module, hidden_size: int, length: int, path: Pat
         torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
 
-@contextlib.contextmanager
-def _locked(key: str) -> Iterator[None]:
-    """One process compiles a key at a time (server workers loading together); the others wait and
-    then find it compiled."""
-    import fcntl
-
-    root = programs_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{key}.lock", "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def cached_program(key: str, build: Callable[[Path], None]) -> Path:
     """The program `key`, compiled by `build(path)` on first use into the cache (written whole or not
     at all: an interrupted compile never leaves a file that looks finished)."""
     path = programs_root() / f"{key}{SUFFIX}"
     if path.is_file():
         return path
-    with _locked(key):
+    with locked(programs_root() / f".{key}.lock"):
         if path.is_file():
             return path
         log.info("compiling the network into %s (once for this checkpoint, processor and torch version; "

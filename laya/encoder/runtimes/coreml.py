@@ -32,7 +32,6 @@ import numpy as np
 from laya.encoder.batch import Batch
 from laya.encoder.bundle import bundle_to_run, read_manifest
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.numpy_head import act_features
 from laya.encoder.runtimes.base import Compact, RuntimeBase
 from laya.encoder.runtimes.mil import erf
@@ -177,25 +176,20 @@ class CoremlRuntime(RuntimeBase):
         return next((length for length in sorted(self.programs.buckets) if n_tokens <= length), None)
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
-        acts = []
-        for i in range(batch.size):
-            n, k = int(batch.attention_mask[i].sum()), int(batch.marker_mask[i].sum())
-            ids, markers, qtype = batch.input_ids[i, :n], batch.marker_pos[i, :k], int(batch.qtype[i])
-            bucket = self.bucket_for(n, k)
-            if bucket is not None:
-                programs = self.programs
-                assert programs.host is not None  # a bundle with buckets has its host parts
-                out = programs.buckets[bucket](programs.host.inputs(ids, markers, qtype, bucket, programs.slots))
-                z = np.asarray(out["logits"], np.float32).reshape(-1)[:k]
-                act = programs.host.act_logits(out["cls"], z)
-                self.routed["ane"] += 1
-            else:
-                z, act = self._general(ids, markers, qtype)
-                self.routed["general"] += 1
-            logits[i, :k] = z
-            acts.append(act)
-        return logits, np.stack(acts).astype(np.float32)
+        return batch.per_row(lambda i, n, k: self._row(batch.input_ids[i, :n], batch.marker_pos[i, :k],
+                                                       int(batch.qtype[i])))
+
+    def _row(self, ids: np.ndarray, markers: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
+        bucket = self.bucket_for(len(ids), len(markers))
+        if bucket is None:
+            self.routed["general"] += 1
+            return self._general(ids, markers, qtype)
+        programs = self.programs
+        assert programs.host is not None  # a bundle with buckets has its host parts
+        out = programs.buckets[bucket](programs.host.inputs(ids, markers, qtype, bucket, programs.slots))
+        z = np.asarray(out["logits"], np.float32).reshape(-1)[: len(markers)]
+        self.routed["ane"] += 1
+        return z, programs.host.act_logits(out["cls"], z)
 
     def _general(self, ids: np.ndarray, markers: np.ndarray, qtype: int) -> tuple[np.ndarray, np.ndarray]:
         n, k = len(ids), len(markers)

@@ -46,7 +46,7 @@ from laya.encoder.gate import cached_gate, measure
 from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.buckets import DEFAULT_MAX_ROWS, GraphCache, Key, Pass, all_buckets, pack
-from laya.encoder.runtimes.rownet import Plan, RowNet, first_passing_plan
+from laya.encoder.runtimes.rownet import EMBEDDINGS, Plan, RowNet, first_passing_plan, tried_plans
 from laya.errors import RuntimeUnavailable
 
 # Bumped whenever the network, its plans or the packing change, so that cached gate records are remade.
@@ -54,7 +54,6 @@ REVISION = 1
 PRECISIONS = ("fp32", "bf16", "fp16")
 FP32_LAYER_TIERS = (0, 1)  # encoder layers kept in fp32, tried in this order by the gate
 MARKER_SLOTS = 32  # option slots of a captured bucket: choices of up to 32 options (tournaments play 16)
-EMBEDDINGS = "encoder.embeddings.tok_embeddings.weight"
 
 
 def exact_fp32() -> None:
@@ -102,9 +101,7 @@ def precision_refusal(precision: str, device: torch.device) -> str | None:
 
 def plans(precision: str) -> list[Plan]:
     """The plans a precision's gate tries, in order."""
-    if precision == "fp32":
-        return [Plan()]
-    return [Plan(precision, precision, kept) for kept in FP32_LAYER_TIERS]
+    return tried_plans(precision, precision, FP32_LAYER_TIERS)
 
 
 def device_label(device: torch.device) -> str:
@@ -281,8 +278,7 @@ class CudaRuntime(RuntimeBase):
 
             where = f"cpu-{cpu().key}"
         where = re.sub(r"[^A-Za-z0-9.]+", "_", f"{where}-torch{torch.__version__}")
-        return (f"cuda-gate-{plan.matmul}-{plan.attention}-l{plan.fp32_layers}-r{REVISION}-"
-                f"{self.checkpoint.fingerprint[:16]}-{where}")
+        return f"cuda-gate-{plan.key}-r{REVISION}-{self.checkpoint.fingerprint[:16]}-{where}"
 
     def _choose_plan(self) -> Plan:
         """The first plan whose eager run passes the gate (`first_passing_plan`), against the fp32 network on

@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from laya.encoder.batch import Batch
-from laya.encoder.bundle import open_bundle
+from laya.encoder.bundle import ARCH, finish, open_bundle
 from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.gate import GateFailed
-from laya.encoder.llama_bundle import ARCH, finish
 from laya.encoder.numpy_head import NumpyHead
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError, RuntimeUnavailable
@@ -290,7 +289,7 @@ class LlamaRuntime(RuntimeBase):
             states = [s for row in rows for s in self.encoder.encode([row])]
         else:
             states = self.encoder.encode(rows)
-        return self.head.decide(states, batch.marker_pos, batch.marker_mask, batch.qtype)
+        return batch.per_row(lambda i, n, k: self.head.row(states[i], batch.marker_pos[i, :k], int(batch.qtype[i])))
 
     def close(self) -> None:
         self.encoder.close()

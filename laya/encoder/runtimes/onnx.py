@@ -15,7 +15,6 @@ import numpy as np
 from laya.encoder.batch import Batch
 from laya.encoder.bundle import open_bundle
 from laya.encoder.checkpoint import Checkpoint
-from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.errors import CheckpointError
 from laya.native.placement import Placement, plan
@@ -98,14 +97,8 @@ class OnnxRuntime(RuntimeBase):
         never enter a row's scales; but a padded batch still changes the last bits of fp32 sums, which a
         rounding to int8 can carry further. So each row runs alone, unpadded: its answer is the same
         whatever else was asked."""
-        logits = np.full(batch.marker_pos.shape, MASKED_LOGIT, dtype=np.float32)
-        acts = []
-        for i in range(batch.size):
-            n, k = int(batch.attention_mask[i].sum()), int(batch.marker_mask[i].sum())
-            one = Batch(input_ids=batch.input_ids[i : i + 1, :n], attention_mask=batch.attention_mask[i : i + 1, :n],
-                        marker_pos=batch.marker_pos[i : i + 1, :k], marker_mask=batch.marker_mask[i : i + 1, :k],
-                        qtype=batch.qtype[i : i + 1])
-            row_logits, row_act = self._run(one)
-            logits[i, :k] = row_logits[0, :k]
-            acts.append(row_act[0])
-        return logits, np.stack(acts)
+        def one(i: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+            logits, act = self._run(batch.take([i]))
+            return logits[0, :k], act[0]
+
+        return batch.per_row(one)

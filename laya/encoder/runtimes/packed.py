@@ -37,7 +37,6 @@ import torch
 from laya.encoder.batch import Batch
 from laya.encoder.checkpoint import Checkpoint, TensorFile
 from laya.encoder.gate import GateFailed, cached_gate, describe, measure
-from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.compiled import (
     cached_program,
@@ -47,7 +46,7 @@ from laya.encoder.runtimes.compiled import (
     load_program,
     target,
 )
-from laya.encoder.runtimes.rownet import PRECISIONS, Plan, RowNet, first_passing_plan
+from laya.encoder.runtimes.rownet import EMBEDDINGS, PRECISIONS, Plan, RowNet, first_passing_plan, tried_plans
 from laya.errors import RuntimeUnavailable
 from laya.native.cpu import cpu
 
@@ -58,7 +57,6 @@ REVISION = 2
 # through every later one (on the adversarial test checkpoint, the richer gate's rows moved 0.087 with
 # every layer reduced, 0.074 with the first in fp32, 0.019 with the first two)
 FP32_LAYER_TIERS = (0, 1, 2)
-EMBEDDINGS = "encoder.embeddings.tok_embeddings.weight"
 Row = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -75,11 +73,9 @@ def precision_refusal(precision: str) -> str | None:
 
 
 def plans(precision: str) -> list[Plan]:
-    """The plans a precision's gate tries, in order."""
-    if precision == "fp32":
-        return [Plan()]
+    """The plans a precision's gate tries, in order (int8's attention in bf16 where bf16 has units)."""
     attention = precision if precision != "int8" else ("bf16" if cpu().bf16_units else "fp32")
-    return [Plan(precision, attention, kept) for kept in FP32_LAYER_TIERS]
+    return tried_plans(precision, attention, FP32_LAYER_TIERS)
 
 
 class RowByRow:
@@ -90,18 +86,13 @@ class RowByRow:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        lengths = batch.attention_mask.sum(1)
-        counts = batch.marker_mask.sum(1)
-        logits = np.full(batch.marker_mask.shape, MASKED_LOGIT, dtype=np.float32)
-        acts = []
-        for i in range(batch.size):
-            n, k = int(lengths[i]), int(counts[i])
+        def one(i: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
             emb = self.embeddings[torch.from_numpy(batch.input_ids[i, :n])].float()[None]
             z, act = self.row(emb, torch.from_numpy(batch.marker_pos[i : i + 1, :k]),
                               torch.ones(1, k, dtype=torch.bool), torch.from_numpy(batch.qtype[i : i + 1]))
-            logits[i, :k] = z[0].numpy()
-            acts.append(act[0].float().numpy())
-        return logits, np.stack(acts)
+            return z[0].numpy(), act[0].float().numpy()
+
+        return batch.per_row(one)
 
 
 def _eager(net: RowNet) -> Row:
@@ -158,8 +149,7 @@ class PackedRuntime(RuntimeBase):
     def _key(self, plan: Plan, what: str) -> str:
         """A cache key: gate records per processor (its arithmetic decides them), programs per compile target."""
         where = target() if what == "program" else f"{cpu().key}-torch{torch.__version__}"
-        return (f"packed-{what}-{plan.matmul}-{plan.attention}-l{plan.fp32_layers}-r{REVISION}-"
-                f"{self.checkpoint.fingerprint[:16]}-{where}")
+        return f"packed-{what}-{plan.key}-r{REVISION}-{self.checkpoint.fingerprint[:16]}-{where}"
 
     def reference(self) -> RowByRow:
         """The fp32 network, eager: what the gates measure against."""

@@ -183,3 +183,9 @@ class TorchRuntime(RuntimeBase):
             torch.from_numpy(batch.qtype),
         )
         return logits.numpy().astype(np.float32, copy=False), act.float().numpy()
+
+
+def reference_net(runtime: Any, checkpoint: Checkpoint) -> DecisionNet:
+    """The reference network of `checkpoint`: `runtime`'s own where it is the torch runtime, else one
+    loaded beside it (the layer lens and the shortlist's embedder read its hidden states)."""
+    return runtime.net if isinstance(runtime, TorchRuntime) else TorchRuntime(checkpoint).net

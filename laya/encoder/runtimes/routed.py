@@ -16,15 +16,6 @@ if TYPE_CHECKING:
     from laya.encoder.runtimes.coreml import CoremlRuntime
 
 
-def take(batch: Batch, rows: list[int]) -> Batch:
-    """The given rows of a batch, trimmed to their own longest row and marker count."""
-    n = int(batch.attention_mask[rows].sum(-1).max())
-    k = int(batch.marker_mask[rows].sum(-1).max())
-    return Batch(input_ids=batch.input_ids[rows, :n], attention_mask=batch.attention_mask[rows, :n],
-                 marker_pos=batch.marker_pos[rows, :k], marker_mask=batch.marker_mask[rows, :k],
-                 qtype=batch.qtype[rows])
-
-
 class RoutedRuntime(RuntimeBase):
     """Each row to the Neural Engine program it fits, else to `rest`; answers in the batch's order."""
 
@@ -50,7 +41,7 @@ class RoutedRuntime(RuntimeBase):
         for rows, runtime, kind in ((ane, self.neural_engine, "neural_engine"), (rest, self.rest, "rest")):
             if not rows:
                 continue
-            part_logits, part_acts = runtime.forward(take(batch, rows))
+            part_logits, part_acts = runtime.forward(batch.take(rows))
             for j, i in enumerate(rows):
                 k = int(markers[i])
                 logits[i, :k] = part_logits[j, :k]

@@ -40,6 +40,7 @@ from laya.encoder.head_layout import ACT_HIDDEN, MASKED_LOGIT
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 HEAD_EPS = 1e-5
+EMBEDDINGS = "encoder.embeddings.tok_embeddings.weight"  # gathered from as stored (fp16 in a checkpoint)
 Masks = dict[str, Any]  # "global", "local" (the encoder's) and "head": each in its `attend`'s form, or None
 
 
@@ -59,6 +60,11 @@ class Plan:
         """The precision a user names: the encoder's projections, where the arithmetic is."""
         return self.matmul
 
+    @property
+    def key(self) -> str:
+        """The plan in a cache key (gate records, compiled programs)."""
+        return f"{self.matmul}-{self.attention}-l{self.fp32_layers}"
+
     def describe(self) -> str:
         if self.matmul == self.attention == "fp32":
             return "fp32"
@@ -67,6 +73,14 @@ class Plan:
         if self.fp32_layers:
             text += f", the first {self.fp32_layers} encoder layer{'s' if self.fp32_layers > 1 else ''} in fp32"
         return text
+
+
+def tried_plans(precision: str, attention: str, fp32_layer_tiers: tuple[int, ...]) -> list[Plan]:
+    """The plans a precision's gate tries, in order: fp32 needs none; a reduced precision keeps ever more
+    of the first encoder layers in fp32, where rounding is carried through every later layer."""
+    if precision == "fp32":
+        return [Plan()]
+    return [Plan(precision, attention, kept) for kept in fp32_layer_tiers]
 
 
 def first_passing_plan(runtime: str, precision: str, checkpoint: Checkpoint, tried: list[Plan],
