@@ -294,8 +294,10 @@ def main() -> None:
             print(f"first load of a new checkpoint: first answer after {fresh['first_answer_s']} s, the fast runtime "
                   f"after {fresh.get('fast_s')} s ({fresh.get('upgrade', {}).get('state')})", flush=True)
         spawned = time.perf_counter()
+        # upstream's own `laya`, whatever PYTHONPATH puts first for ours
+        alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         worker = subprocess.Popen([str(python), str(HERE / "upstream_worker.py"), str(copy), str(args.threads)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=alone)
         assert worker.stdin and worker.stdout
         ready = json.loads(worker.stdout.readline())
         upstream_load_s = time.perf_counter() - spawned
