@@ -22,7 +22,7 @@ from laya.encoder.checkpoint import Checkpoint
 
 OPSET = 18
 # Bumped whenever the exported graph changes, so that cached bundles from an older exporter are not reused.
-GRAPH_REVISION = 7
+GRAPH_REVISION = 8
 # Bumped whenever the int8 quantisation changes (part of the int8 cache key only). 2: per-token activation
 # scales with u8u8 integer matmuls and the first encoder layer in fp32 (1 was onnxruntime's dynamic
 # per-tensor u8s8 quantisation, whose AVX2 kernel saturates without VNNI).

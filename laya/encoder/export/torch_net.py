@@ -14,11 +14,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laya.encoder.checkpoint import Checkpoint
+from laya.encoder.checkpoint import Checkpoint, TensorFile
 from laya.encoder.runtimes.rownet import EMBEDDINGS, Linear, Network, rotate
 
 # Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
@@ -147,7 +148,11 @@ class PortableNet(Network):
     def __init__(self, checkpoint: Checkpoint, ops: GraphOps = PLAIN):
         super().__init__(checkpoint, project=Linear)
         self.ops = ops
-        self.emb = nn.Parameter(torch.from_numpy(checkpoint.weights[EMBEDDINGS]).float(), requires_grad=False)
+        # the table as stored (fp16 in a published checkpoint), widened after the gather: exact, and the
+        # graph's largest initializer at half its fp32 size (an mmBERT-base's 393 MB, not 786)
+        weights = checkpoint.weights
+        stored = weights.stored(EMBEDDINGS) if isinstance(weights, TensorFile) else weights[EMBEDDINGS]
+        self.emb = nn.Parameter(torch.from_numpy(np.ascontiguousarray(stored)), requires_grad=False)
         if ops.rotary is not None:  # the fused kernel indexes the whole half-width table by position
             half = self.head_dim // 2
             for name in ("global", "local"):
@@ -183,4 +188,5 @@ class PortableNet(Network):
 
     def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype):
         """`marker_mask=None` when every marker slot is a real option (single rows: Core ML)."""
-        return super().forward(F.embedding(input_ids, self.emb), attention_mask, marker_pos, marker_mask, qtype)
+        return super().forward(F.embedding(input_ids, self.emb).float(), attention_mask, marker_pos, marker_mask,
+                               qtype)
