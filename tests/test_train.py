@@ -37,8 +37,9 @@ TASK = dict(epochs=10, encoder_lr=3e-4, head_lr=1e-3, batch_size=8, holdout=0.4,
             precision="fp32", threads=2)
 LINES = 2400
 # A 2-layer student of the trained router (`laya distill --student-layers 2`): measured to reach 0.9x
-# top-1 agreement with its teacher on held-out states.
-STUDENT = dict(TASK, epochs=6, holdout=0.3)
+# top-1 agreement with its teacher on held-out states. Trained 10 epochs: at 6 it reached 84.4% on an AVX2
+# EPYC (94.8% at 10), where training's last bits differ from an AVX-512 processor's.
+STUDENT = dict(TASK, epochs=10, holdout=0.3)
 STUDENT_AGREEMENT = 0.9
 # The act head on a task of another shape (a yes/no question where a rare footer marks badly labelled
 # messages, `app_footer_lines`): a smaller checkpoint (2 layers, d 64), 1,200 training lines, 6 epochs, and
