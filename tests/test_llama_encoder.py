@@ -177,6 +177,24 @@ def test_bundle_runs_without_torch(bundles):
         assert got["answers"]["t"]["probabilities"][key] == pytest.approx(p, abs=1e-4)
 
 
+def test_without_torch_a_reduced_type_is_gated_against_the_f32_gguf(bundles, monkeypatch):
+    """An export on a machine without torch measures q8_0 against this checkpoint's f32 GGUF, which
+    answers as the torch reference does (within 1e-4): the same gate, give or take that."""
+    import importlib.util
+
+    from laya.encoder import gate
+    from laya.encoder.export import gguf as exporter
+
+    manifest = json.loads((bundles / "q8_0" / "manifest.json").read_text())
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "torch" else find(name, *rest))
+    monkeypatch.setattr(gate, "_last_reference", [])  # the reference's answers are computed, not recalled
+    record = exporter.measure_gate(load_checkpoint(SOURCE), bundles / "q8_0", manifest)
+    assert record["reference"] == "llama f32" and manifest["gate"]["reference"] == "torch fp32"
+    assert record["max_dp"] == pytest.approx(manifest["gate"]["max_dp"], abs=1e-3)
+    assert record["passed"] == manifest["gate"]["passed"]
+
+
 def test_a_bundle_whose_gate_failed_is_refused_unless_forced(bundles, tmp_path):
     failed = tmp_path / "failed"
     shutil.copytree(bundles / "q8_0", failed)

@@ -240,6 +240,12 @@ class Checkpoint:
                 digest.update(str(path.relative_to(self.path)).encode() + path.read_bytes())
         return digest.hexdigest()
 
+    def stored(self, name: str) -> np.ndarray:
+        """Tensor `name` in the file's own dtype: runtimes keep the embedding table as published (fp16,
+        half a float32 copy's memory) and widen only the rows they gather."""
+        weights = self.weights
+        return weights.stored(name) if isinstance(weights, TensorFile) else np.asarray(weights[name])
+
     @property
     def n_parameters(self) -> int:
         shapes = getattr(self.weights, "shapes", {})

@@ -31,17 +31,7 @@ from typing import Any
 import numpy as np
 
 from laya.digests import sha256_of
-from laya.encoder.bundle import (
-    ARCH,
-    ENCODER_FILE,
-    GGUF_REVISION,
-    HEAD_FILE,
-    encoder_header,
-    encoder_tensors,
-    finish,
-    head_tensors,
-    write_head,
-)
+from laya.encoder.bundle import ENCODER_FILE, GGUF_REVISION, HEAD_FILE, encoder_tensors, head_tensors
 from laya.encoder.checkpoint import Checkpoint
 from laya.errors import CheckpointError
 
@@ -83,18 +73,6 @@ def check_expressible(checkpoint: Checkpoint, gguf_type: str) -> None:
     if problems:
         raise CheckpointError(f"{checkpoint.path}: llama.cpp's modern-bert graph cannot run this encoder: "
                               + "; ".join(problems))
-
-
-def write_gguf(checkpoint: Checkpoint, path: Path, gguf_type: str) -> dict[str, int]:
-    """The encoder as a GGUF file; returns how many tensors each GGML type holds."""
-    import gguf
-
-    check_expressible(checkpoint, gguf_type)
-    writer = gguf.GGUFWriter(str(path), ARCH)
-    encoder_header(writer, checkpoint)
-    counts = write_tensors(writer, checkpoint, gguf_type)
-    finish(writer)
-    return counts
 
 
 def write_tensors(writer: Any, checkpoint: Checkpoint, gguf_type: str, head: bool = False) -> dict[str, int]:
@@ -149,6 +127,7 @@ def measure_gate(checkpoint: Checkpoint, folder: Path, manifest: dict[str, Any])
     import importlib.util
     import tempfile
 
+    from laya.encoder.bundle import write_llama_bundle
     from laya.encoder.gate import measure
     from laya.encoder.runtimes.llama import LlamaRuntime
 
@@ -160,11 +139,12 @@ def measure_gate(checkpoint: Checkpoint, folder: Path, manifest: dict[str, Any])
             record = measure(checkpoint, TorchRuntime(checkpoint).forward, candidate.forward, manifest["precision"])
             return {**record, "reference": "torch fp32"}
         with tempfile.TemporaryDirectory() as tmp:
-            write_gguf(checkpoint, Path(tmp) / ENCODER_FILE, "f32")
-            write_head(checkpoint, Path(tmp) / HEAD_FILE)
-            reference = LlamaRuntime.from_folder(Path(tmp), {**manifest, "precision": "f32"}, threads=None)
-            record = measure(checkpoint, reference.forward, candidate.forward, manifest["precision"])
-            reference.close()
+            exact = write_llama_bundle(checkpoint, Path(tmp), "f32", lambda w: write_tensors(w, checkpoint, "f32"))
+            reference = LlamaRuntime.from_folder(Path(tmp), exact, threads=None)
+            try:
+                record = measure(checkpoint, reference.forward, candidate.forward, manifest["precision"])
+            finally:
+                reference.close()
         return {**record, "reference": "llama f32"}
     finally:
         candidate.close()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laya.encoder.checkpoint import Checkpoint, TensorFile
+from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.runtimes.rownet import EMBEDDINGS, Linear, Network, rotate
 
 # Head activations reach 1e3-1e4: squared inside a LayerNorm they overflow fp16. The head's norms divide
@@ -150,9 +150,8 @@ class PortableNet(Network):
         self.ops = ops
         # the table as stored (fp16 in a published checkpoint), widened after the gather: exact, and the
         # graph's largest initializer at half its fp32 size (an mmBERT-base's 393 MB, not 786)
-        weights = checkpoint.weights
-        stored = weights.stored(EMBEDDINGS) if isinstance(weights, TensorFile) else weights[EMBEDDINGS]
-        self.emb = nn.Parameter(torch.from_numpy(np.ascontiguousarray(stored)), requires_grad=False)
+        stored = np.ascontiguousarray(checkpoint.stored(EMBEDDINGS))
+        self.emb = nn.Parameter(torch.from_numpy(stored), requires_grad=False)
         if ops.rotary is not None:  # the fused kernel indexes the whole half-width table by position
             half = self.head_dim // 2
             for name in ("global", "local"):

@@ -34,14 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from laya.encoder.batch import Batch
-from laya.encoder.checkpoint import Checkpoint, TensorFile
+from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.gate import cached_gate, measure
 from laya.encoder.head_layout import MASKED_LOGIT
 from laya.encoder.runtimes.base import RuntimeBase
@@ -244,7 +244,7 @@ class CudaRuntime(RuntimeBase):
         self.checkpoint, self.precision, self.force = checkpoint, precision, force
         self.max_rows, self.graphs = max_rows, self.device.type == "cuda" if graphs is None else bool(graphs)
         # fp16 as published: exact, and gathered on the device inside the graph
-        self.embeddings = torch.from_numpy(cast(TensorFile, checkpoint.weights).stored(EMBEDDINGS)).to(self.device)
+        self.embeddings = torch.from_numpy(checkpoint.stored(EMBEDDINGS)).to(self.device)
         self.gate: dict[str, Any] | None = None
         self._nets: dict[Plan, RowNet] = {}
         self.plan = self._choose_plan()

@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from laya.encoder.batch import Batch
-from laya.encoder.checkpoint import Checkpoint, TensorFile
+from laya.encoder.checkpoint import Checkpoint
 from laya.encoder.gate import GateFailed, cached_gate, describe, measure
 from laya.encoder.runtimes.base import RuntimeBase
 from laya.encoder.runtimes.compiled import (
@@ -119,7 +119,7 @@ class PackedRuntime(RuntimeBase):
             torch.set_num_threads(int(threads))
         self.checkpoint, self.precision, self.force = checkpoint, precision, force
         # fp16 as published: exact
-        self.embeddings = torch.from_numpy(cast(TensorFile, checkpoint.weights).stored(EMBEDDINGS))
+        self.embeddings = torch.from_numpy(checkpoint.stored(EMBEDDINGS))
         self.gate: dict[str, Any] | None = None
         self._reference: RowByRow | None = None
         self.plan = self._choose_plan()
