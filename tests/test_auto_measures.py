@@ -314,3 +314,22 @@ def test_rows_are_capped_by_the_checkpoint_and_the_processor_is_described(checkp
     assert text.startswith("Some Xeon (x86_64): avx2 avx512f amx_bf16 amx_int8 avx512_vnni; without ")
     assert "avx512_bf16" in text.split("without")[1] and text.endswith("bf16 units: amx_bf16")
     assert Cpu("old", "x86_64", frozenset()).describe().endswith("bf16 units: none")
+
+
+def test_two_generations_behind_one_model_name_are_told_apart():
+    """A virtual machine may call Zen 2 and Zen 3 both "AMD EPYC" with the same flags; their CPUID family
+    and model name the generation in benchmark records and keep their cached picks apart."""
+    from laya.native.cpu import parse_cpuinfo
+
+    def info(family: int, model: int) -> str:
+        lines = [f"processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+                 f"model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n" for n in (0, 1)]
+        return "\n".join(lines)
+
+    zen2, zen3 = parse_cpuinfo(info(23, 49)), parse_cpuinfo(info(25, 1))
+    assert zen2 == ("AMD EPYC", {"fpu", "avx2", "fma"}, "family 23 model 49")
+    assert zen3[2] == "family 25 model 1"
+    two, three = (Cpu(name, "x86_64", frozenset(flags), generation=gen) for name, flags, gen in (zen2, zen3))
+    assert two.describe().startswith("AMD EPYC (x86_64, family 23 model 49): avx2;")
+    assert two.key != three.key
+    assert parse_cpuinfo("Hardware\t: BCM2835\nFeatures\t: fp asimd\n") == ("BCM2835", {"fp", "asimd"}, "")

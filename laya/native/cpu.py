@@ -31,6 +31,9 @@ class Cpu:
     arch: str
     flags: frozenset[str]
     apple_silicon: bool = False
+    # x86's CPUID family and model ("family 23 model 49"): a virtual machine may name only "AMD EPYC",
+    # and two generations behind that name (Zen 2, Zen 3) time the same runtimes differently
+    generation: str = ""
 
     @property
     def bf16_units(self) -> str | None:
@@ -72,7 +75,9 @@ class Cpu:
         relevant = X86_RELEVANT_FLAGS if x86 else ARM_RELEVANT_FLAGS
         have = [f for f in relevant if f in self.flags]
         lacks = [f for f in relevant if f not in self.flags]
-        text = f"{self.model} ({self.arch}{', Apple silicon' if self.apple_silicon else ''})"
+        parts = (self.generation, "Apple silicon" if self.apple_silicon else "")
+        detail = "".join(f", {part}" for part in parts if part)
+        text = f"{self.model} ({self.arch}{detail})"
         text += f": {' '.join(have) if have else 'none of ' + ', '.join(relevant)}"
         if have and lacks:
             text += f"; without {' '.join(lacks)}"
@@ -81,40 +86,47 @@ class Cpu:
     @property
     def key(self) -> str:
         """Stable identity of the processor for cached measurements (gates, benchmark picks)."""
-        text = "|".join([self.model, self.arch, ",".join(sorted(self.flags))])
+        parts = [self.model, self.arch, ",".join(sorted(self.flags))] + ([self.generation] if self.generation else [])
+        text = "|".join(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _linux() -> tuple[str, set[str]]:
-    flags: set[str]
-    model, flags = "", set()
+def _linux() -> tuple[str, set[str], str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name in ("model name", "cpu model", "hardware") and not model:
-                    model = value.strip()
-                elif name in ("flags", "features") and not flags:
-                    flags = set(value.split())
+            return parse_cpuinfo(fh.read())
     except OSError:
-        pass
-    return model, flags
+        return "", set(), ""
 
 
-def _darwin() -> tuple[str, set[str]]:
+def parse_cpuinfo(text: str) -> tuple[str, set[str], str]:
+    """The first processor's model name, flags and (x86) family and model from /proc/cpuinfo's text."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        key = "name" if name in ("model name", "cpu model", "hardware") else "flags" if name in ("flags", "features") \
+            else name if name in ("cpu family", "model") else ""
+        if key and key not in found:
+            found[key] = value.strip()
+    family, number = found.get("cpu family", ""), found.get("model", "")
+    generation = f"family {family} model {number}" if family.isdigit() and number.isdigit() else ""
+    return found.get("name", ""), set(found.get("flags", "").split()), generation
+
+
+def _darwin() -> tuple[str, set[str], str]:
     def sysctl(name: str) -> str:
         try:
             return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
     flags = {"feat_bf16"} if sysctl("hw.optional.arm.FEAT_BF16") == "1" else set()
-    return sysctl("machdep.cpu.brand_string"), flags
+    return sysctl("machdep.cpu.brand_string"), flags, ""
 
 
 @functools.lru_cache(maxsize=1)
 def cpu() -> Cpu:
     arch = platform.machine().lower()
-    model, flags = _darwin() if sys.platform == "darwin" else _linux()
+    model, flags, generation = _darwin() if sys.platform == "darwin" else _linux()
     return Cpu(model=model or platform.processor() or arch, arch=arch, flags=frozenset(f.lower() for f in flags),
-               apple_silicon=sys.platform == "darwin" and arch == "arm64")
+               apple_silicon=sys.platform == "darwin" and arch == "arm64", generation=generation)
