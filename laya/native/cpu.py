@@ -91,6 +91,11 @@ class Cpu:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+# /proc/cpuinfo's lines, by what they tell (x86 names, then ARM's and others')
+CPUINFO_FIELDS = {"model name": "name", "cpu model": "name", "hardware": "name", "flags": "flags",
+                  "features": "flags", "cpu family": "family", "model": "model"}
+
+
 def _linux() -> tuple[str, set[str], str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -104,12 +109,10 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str], str]:
     found: dict[str, str] = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
-        name = name.strip().lower()
-        key = "name" if name in ("model name", "cpu model", "hardware") else "flags" if name in ("flags", "features") \
-            else name if name in ("cpu family", "model") else ""
+        key = CPUINFO_FIELDS.get(name.strip().lower())
         if key and key not in found:
             found[key] = value.strip()
-    family, number = found.get("cpu family", ""), found.get("model", "")
+    family, number = found.get("family", ""), found.get("model", "")
     generation = f"family {family} model {number}" if family.isdigit() and number.isdigit() else ""
     return found.get("name", ""), set(found.get("flags", "").split()), generation
 
