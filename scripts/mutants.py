@@ -290,7 +290,7 @@ MUTANTS = [
            "a row in company is computed with its batch's padding"),
     Mutant("rownet-local-unmasked", "laya/encoder/runtimes/rownet.py",
            'masks["global" if is_global else "local"]', 'masks["global"]',
-           ("tests/test_parity.py::test_against_reference[packed-fp32-checkpoint_dir]",),
+           ("tests/test_parity.py::test_against_reference[packed-fp32-modernbert]",),
            "local layers attend over the whole row"),
     Mutant("auto-ties-to-candidate", "laya/encoder/choice.py", "if ratios[label] < ratios[winner]:",
            "if ratios[label] <= ratios[winner]:",

@@ -257,7 +257,7 @@ def reference_cases(seed: int, n: int = 12) -> list[tuple[object, dict]]:
 def compare_with_reference(target, model, reference, flavour: str, note: str = "") -> float:
     """Varied requests, alone and in one padded batch, against the reference at the bound of what ran.
     Returns the largest |dp| seen."""
-    cases = reference_cases(seed={"checkpoint_dir": 1, "mmbert_dir": 2}[flavour])
+    cases = reference_cases(seed={"modernbert": 1, "mmbert": 2}[flavour])
     states = [s for s, _ in cases]
     worst = 0.0
 
@@ -276,11 +276,14 @@ def compare_with_reference(target, model, reference, flavour: str, note: str = "
     return worst
 
 
-@pytest.mark.parametrize("flavour", ["checkpoint_dir", "mmbert_dir"])
+@pytest.mark.parametrize("flavour", list(RECORD["checkpoints"]))
 @pytest.mark.parametrize("target", PARAMS)
-def test_against_reference(target, flavour, request):
-    """(For the reference itself this pins determinism across loads and batch independence.)"""
-    folder = request.getfixturevalue(flavour)
+def test_against_reference(target, flavour):
+    """Varied requests beyond the goldens' on both encoder flavours, alone and batched. The checkpoints are
+    the goldens' own: each target's compiled program, export or conversion (minutes in all, per checkpoint)
+    is made once for both tests from the session's cache. (For the reference itself this pins determinism
+    across loads and batch independence.)"""
+    folder = GOLDEN / RECORD["checkpoints"][flavour]
     reference = load_quiet(folder, REFERENCE)
     model = load_quiet(folder, target.runtime, **target.options)
     note = check_gate(target, model)
@@ -299,10 +302,11 @@ MACHINES = {
 
 @pytest.mark.parametrize(("machine", "chosen", "bound"), [("avx2", ("onnx", "fp32"), 1e-4),
                                                           ("avx512-bf16", ("packed", "bf16"), 0.05)])
-def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monkeypatch, checkpoint_dir):
+def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monkeypatch):
     """The auto target on each processor kind (simulated; bf16 is emulated here, the same numbers): it
     is compared with the reference at the bound of the precision auto chose there, never at a bound
-    fixed in advance; fp32 allows no flip."""
+    fixed in advance; fp32 allows no flip. (On a golden checkpoint, whose programs the targets above
+    compiled.)"""
     need("onnxruntime", "the [onnx] extra is not installed")  # auto's choice without bf16 units
     from laya.encoder import choice
     from laya.encoder.runtimes import packed
@@ -311,12 +315,13 @@ def test_auto_is_held_to_the_bound_of_what_it_chose(machine, chosen, bound, monk
     monkeypatch.setattr(choice, "cpu", lambda: fake)
     monkeypatch.setattr(packed, "cpu", lambda: fake)
     (auto,) = [t for t in TARGETS if t.runtime == "auto"]
-    model = load_quiet(checkpoint_dir, "auto")
+    folder = GOLDEN / RECORD["checkpoints"]["modernbert"]
+    model = load_quiet(folder, "auto")
     ran = as_ran(auto, model)
     assert (model.choice.runtime, model.runtime.precision) == chosen, model.choice.describe()
     assert ran.max_dp == bound and ran.exact == (bound <= 1e-4)
     assert f"auto (chose {chosen[0]} {chosen[1]}" in ran.id
-    worst = compare_with_reference(ran, model, load_quiet(checkpoint_dir, REFERENCE), "checkpoint_dir")
+    worst = compare_with_reference(ran, model, load_quiet(folder, REFERENCE), "modernbert")
     print(f"\n{fake.model}: {ran.id}, max |dp| {worst:.2e}")
 
 

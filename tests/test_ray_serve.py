@@ -23,35 +23,13 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import ray
+import test_server as contract
 import yaml
 from conftest import load_quiet
 from live_server import free_port
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
-from test_server import (  # noqa: F401 - collected here: the same tests against the Ray deployment
-    KEY,
-    ROUTE,
-    STATE,
-    URGENT,
-    test_answers_every_question_type,
-    test_auth,
-    test_bad_json_and_non_object,
-    test_batch_route,
-    test_body_too_large,
-    test_compressed_bodies,
-    test_health_ready_metrics_docs,
-    test_jev_lite,
-    test_markers_that_do_not_fit_are_answered_by_a_tournament,
-    test_models_route_and_named_models,
-    test_non_ascii_option_names_round_trip,
-    test_official_sdk_with_zstd,
-    test_pydantic_ai_typesafe_and_system_one_models,
-    test_request_forms,
-    test_schema_errors_are_fastapi_shaped_422,
-    test_state_forms,
-    test_token_budget,
-    test_unknown_model_is_404,
-)
+from test_server import KEY, ROUTE, STATE, URGENT
 
 from laya.calibration.file import Calibration
 from laya.limits import Limits
@@ -62,6 +40,29 @@ from laya.server.ray_app import APP_NAME, ModelConfig, RayAppConfig, application
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 HTTP = {"host": "127.0.0.1", "keep_alive_timeout_s": 65}
+
+# The contract tests of `test_server`, collected here against the Ray deployment, in this order: those of
+# the `keyed` app first, then those of the `server` app, which this module's own tests below serve too, so
+# that the cluster deploys each app once (a change of app takes several seconds).
+test_auth = contract.test_auth
+test_jev_lite = contract.test_jev_lite
+test_official_sdk_with_zstd = contract.test_official_sdk_with_zstd
+test_pydantic_ai_typesafe_and_system_one_models = contract.test_pydantic_ai_typesafe_and_system_one_models
+test_answers_every_question_type = contract.test_answers_every_question_type
+test_bad_json_and_non_object = contract.test_bad_json_and_non_object
+test_batch_route = contract.test_batch_route
+test_body_too_large = contract.test_body_too_large
+test_compressed_bodies = contract.test_compressed_bodies
+test_health_ready_metrics_docs = contract.test_health_ready_metrics_docs
+test_markers_that_do_not_fit_are_answered_by_a_tournament = (
+    contract.test_markers_that_do_not_fit_are_answered_by_a_tournament)
+test_models_route_and_named_models = contract.test_models_route_and_named_models
+test_non_ascii_option_names_round_trip = contract.test_non_ascii_option_names_round_trip
+test_request_forms = contract.test_request_forms
+test_schema_errors_are_fastapi_shaped_422 = contract.test_schema_errors_are_fastapi_shaped_422
+test_state_forms = contract.test_state_forms
+test_token_budget = contract.test_token_budget
+test_unknown_model_is_404 = contract.test_unknown_model_is_404
 
 
 @pytest.fixture(scope="module", autouse=True)
