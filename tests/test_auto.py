@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import corrupt_one_weight, load_quiet
+from conftest import GOLDEN, corrupt_one_weight, load_quiet
 
 import laya
 from laya.cli import main
@@ -77,12 +77,14 @@ def test_a_row_answers_the_same_alone_and_in_any_batch(monkeypatch, checkpoint_d
     assert fast.runtime.precision == "fp32" or fast.runtime.gate["batch_dependence_max_dp"] == 0.0
 
 
-def test_the_compiled_program_answers_as_the_network_within_its_bound(monkeypatch, checkpoint_dir):
-    """The program TorchInductor compiles (cached for the test session): within the standard of the
-    reference, the same bits alone and batched, and its gate measured on what it runs."""
+def test_the_compiled_program_answers_as_the_network_within_its_bound(monkeypatch):
+    """The program TorchInductor compiles (cached for the test session; on a golden checkpoint, whose
+    program the parity suite's packed-bf16 target loads too): within the standard of the reference, the
+    same bits alone and batched, and its gate measured on what it runs."""
     on_cpu(monkeypatch, with_bf16("compiled"))
-    reference = load_quiet(checkpoint_dir, "torch")
-    fast = load_quiet(checkpoint_dir, "packed", precision="bf16", compiled=True)
+    folder = GOLDEN / "checkpoints" / "modernbert"
+    reference = load_quiet(folder, "torch")
+    fast = load_quiet(folder, "packed", precision="bf16", compiled=True)
     assert fast.runtime.compiled and fast.runtime.details()["compiled"] is True
     assert fast.runtime.gate["passed"] and fast.runtime.gate["batch_dependence_max_dp"] == 0.0
     for state, together in zip(STATES, fast.predict_batch(STATES, QUESTIONS)):
@@ -183,9 +185,10 @@ def test_the_gate_keeps_the_first_layer_in_fp32_where_that_passes(monkeypatch, c
     assert "the first 1 encoder layer in fp32" in model.runtime.details()["plan"]
 
 
-def test_auto_chooses_bf16_where_it_passes(monkeypatch, checkpoint_dir):
+def test_auto_chooses_bf16_where_it_passes(monkeypatch):
+    """(On the golden checkpoint whose bf16 program the test above compiled.)"""
     on_cpu(monkeypatch, with_bf16("passes"))
-    model = load_quiet(checkpoint_dir, "auto")
+    model = load_quiet(GOLDEN / "checkpoints" / "modernbert", "auto")
     assert (model.runtime.name, model.runtime.precision) == ("packed", "bf16")
     assert "avx512_bf16" in model.choice.reason and model.info()["gate"]["passed"]
     assert model.info()["runtime_choice"]["runtime"] == "packed"
