@@ -120,20 +120,17 @@ def test_bf16_and_fp16_hold_the_standard_on_the_adversarial_checkpoint(adversari
     there unless forced) its attention rounds otherwise, and on an AVX2 EPYC no plan passed (0.0335 with
     two layers in fp32): unforced, the runtime is then refused, naming every plan tried."""
     checkpoint, _ = adversarial
+    emulated = not cpu().bf16_units
+    if emulated:  # run as on a processor with bf16 units, so the unforced load below reads the forced one's gates
+        monkeypatch.setattr(packed, "cpu", lambda: Cpu("bf16 stand-in", "x86_64", frozenset({"avx512_bf16"})))
     for precision in ("bf16", "fp16"):
-        emulated = precision == "bf16" and not cpu().bf16_units
-        if emulated:  # as on a processor with bf16 units: the unforced load below reads the forced one's gates
-            monkeypatch.setattr(packed, "cpu", lambda: Cpu("bf16 stand-in", "x86_64", frozenset({"avx512_bf16"})))
         runtime = PackedRuntime(checkpoint, precision=precision, force=True, compiled=False)
         gate = runtime.gate
         assert gate["batch_dependence_max_dp"] == 0.0 and gate["plan"] == runtime.plan.describe()
-        if emulated:
-            if not gate["passed"]:
-                with pytest.raises(GateFailed, match=re.escape(runtime.plan.describe())):
-                    PackedRuntime(checkpoint, precision=precision, compiled=False)
-            monkeypatch.undo()
-            if not gate["passed"]:
-                continue
+        if precision == "bf16" and emulated and not gate["passed"]:
+            with pytest.raises(GateFailed, match=re.escape(runtime.plan.describe())):
+                PackedRuntime(checkpoint, precision=precision, compiled=False)
+            continue
         assert gate["passed"], gate
         assert gate["max_dp"] <= BOUNDS[precision].max_dp and gate["flipped_margin"] < 0.10
 

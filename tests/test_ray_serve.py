@@ -9,6 +9,7 @@ repository's Serve config deploys through Ray's own `serve run`, and a rolling c
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import signal
@@ -41,28 +42,23 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 HTTP = {"host": "127.0.0.1", "keep_alive_timeout_s": 65}
 
-# The contract tests of `test_server`, collected here against the Ray deployment, in this order: those of
-# the `keyed` app first, then those of the `server` app, which this module's own tests below serve too, so
-# that the cluster deploys each app once (a change of app takes several seconds).
-test_auth = contract.test_auth
-test_jev_lite = contract.test_jev_lite
-test_official_sdk_with_zstd = contract.test_official_sdk_with_zstd
-test_pydantic_ai_typesafe_and_system_one_models = contract.test_pydantic_ai_typesafe_and_system_one_models
-test_answers_every_question_type = contract.test_answers_every_question_type
-test_bad_json_and_non_object = contract.test_bad_json_and_non_object
-test_batch_route = contract.test_batch_route
-test_body_too_large = contract.test_body_too_large
-test_compressed_bodies = contract.test_compressed_bodies
-test_health_ready_metrics_docs = contract.test_health_ready_metrics_docs
-test_markers_that_do_not_fit_are_answered_by_a_tournament = (
-    contract.test_markers_that_do_not_fit_are_answered_by_a_tournament)
-test_models_route_and_named_models = contract.test_models_route_and_named_models
-test_non_ascii_option_names_round_trip = contract.test_non_ascii_option_names_round_trip
-test_request_forms = contract.test_request_forms
-test_schema_errors_are_fastapi_shaped_422 = contract.test_schema_errors_are_fastapi_shaped_422
-test_state_forms = contract.test_state_forms
-test_token_budget = contract.test_token_budget
-test_unknown_model_is_404 = contract.test_unknown_model_is_404
+# The contract tests of `test_server` that hold for the Ray deployment, collected here; those of the
+# `keyed` app first, then those of the `server` app (which this module's own tests below serve too), so
+# that the cluster deploys each app once: a change of app takes several seconds.
+CONTRACT = ("test_answers_every_question_type", "test_auth", "test_bad_json_and_non_object", "test_batch_route",
+            "test_body_too_large", "test_compressed_bodies", "test_health_ready_metrics_docs", "test_jev_lite",
+            "test_markers_that_do_not_fit_are_answered_by_a_tournament", "test_models_route_and_named_models",
+            "test_non_ascii_option_names_round_trip", "test_official_sdk_with_zstd",
+            "test_pydantic_ai_typesafe_and_system_one_models", "test_request_forms",
+            "test_schema_errors_are_fastapi_shaped_422", "test_state_forms", "test_token_budget",
+            "test_unknown_model_is_404")
+
+
+def _serves_the_server_app(name: str) -> bool:
+    return "keyed" not in inspect.signature(getattr(contract, name)).parameters
+
+
+globals().update({name: getattr(contract, name) for name in sorted(CONTRACT, key=_serves_the_server_app)})
 
 
 @pytest.fixture(scope="module", autouse=True)
